@@ -1,0 +1,36 @@
+# ptocube: every target sets itself up (a local .venv with the pinned dependencies).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+export AMARANTH_USE_YOSYS := builtin
+
+.PHONY: all test demo bench regress clean distclean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+demo: $(STAMP)
+	$(VENV)/bin/ptocube demo
+
+bench: $(STAMP)
+	$(PY) -m ptocube.sim.bench
+
+regress: $(STAMP)
+	$(PY) -m pytest tests -m slow
+
+clean:
+	rm -rf build/out .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Simulation harnesses and the ``ptocube`` command line."""
