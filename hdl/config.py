@@ -1,0 +1,75 @@
+"""Elaboration parameters of the CUBE unit, in one object passed down the hierarchy.
+
+Every hardware component takes a :class:`CubeConfig` (or the part of it it needs) instead of
+reading globals, so one preset fixes the whole unit: array size, which numeric type classes are
+built, tile-store size and the decoder's bounds.  A type class that a build omits is rejected by
+the preflight with ``Fault_TileLegality`` before any effect (an *implementation profile*, see
+``docs/spec-decisions.md``).
+"""
+
+from dataclasses import dataclass, replace
+
+__all__ = ["CubeConfig", "PRESETS", "preset"]
+
+
+@dataclass(frozen=True)
+class CubeConfig:
+    """Parameters of one CUBE unit build.
+
+    rows, cols:        systolic array size (processing elements).
+    int_types:         build the integer MAC path (S16/S8/S4, U16/U8/U4 inputs).
+    float_types:       build the FP32 fused multiply-add path (ordinary float inputs).
+    mx_types:          build MX scaling (E8M0 scales; requires float_types).
+    fma_stages:        pipeline depth of the FP32 FMA; hidden by interleaving outputs per PE.
+    tile_bytes_per_pe: payload memory of the Local tile store for each of the four PEs.
+    max_local_sources, max_destinations, max_shared, max_iot_words:
+                       decoder bounds; the defaults are spec-complete for Matrix bundles.
+    """
+
+    rows: int = 4
+    cols: int = 4
+    int_types: bool = True
+    float_types: bool = True
+    mx_types: bool = True
+    fma_stages: int = 3
+    tile_bytes_per_pe: int = 64 * 1024
+    max_local_sources: int = 8
+    max_destinations: int = 3
+    max_shared: int = 4
+    max_iot_words: int = 16
+
+    def __post_init__(self):
+        if self.rows < 1 or self.cols < 1:
+            raise ValueError("the systolic array needs at least one row and one column")
+        if not (self.int_types or self.float_types):
+            raise ValueError("a build must support at least one numeric type class")
+        if self.mx_types and not self.float_types:
+            raise ValueError("MX scaling needs the floating-point path (float_types=True)")
+        if self.tile_bytes_per_pe % 128:
+            raise ValueError("the tile store holds whole 128-byte CELLs")
+
+    def with_(self, **changes) -> "CubeConfig":
+        """A copy with some parameters changed."""
+        return replace(self, **changes)
+
+
+PRESETS = {
+    # Full type support on a small array: the default for simulation and tests.
+    "sim-small": CubeConfig(rows=4, cols=4),
+    # Integer-only 8x8 array for the ECP5-85F, using its DSP multipliers.
+    "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
+                            tile_bytes_per_pe=16 * 1024),
+    # All type classes on a smaller array that fits the ECP5-85F.
+    "ecp5-full": CubeConfig(rows=4, cols=4, tile_bytes_per_pe=16 * 1024),
+    # Integer-only 2x2 array that fits the iCE40 UP5K.
+    "ice40-tiny": CubeConfig(rows=2, cols=2, float_types=False, mx_types=False,
+                             tile_bytes_per_pe=2 * 1024),
+}
+
+
+def preset(name: str) -> CubeConfig:
+    """Look up a named preset; the error lists the known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
