@@ -1,0 +1,55 @@
+"""`make bench`: every benchmark of the project, run once, printed as tables.
+
+Each benchmark is a function next to the code it measures that returns a list of
+result rows (dicts); this module only runs them and prints the rows.  Speed is
+reported as ratios and cycle counts here, never asserted in the test suite.
+"""
+
+import importlib
+import sys
+import time
+
+__all__ = ["BENCHMARKS", "main"]
+
+# title -> (module, function)
+BENCHMARKS = {
+    "Golden model: bit-exact MACs/s vs numpy matmul (M=N=64, K=256)":
+        ("ptocube.sim.bench_model", "bench_model"),
+}
+
+
+def _print_rows(rows):
+    if isinstance(rows, dict):
+        rows = [rows]
+    keys = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    cells = [[_fmt(row.get(k, "")) for k in keys] for row in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    print("  " + "  ".join(k.ljust(w) for k, w in zip(keys, widths)))
+    for c in cells:
+        print("  " + "  ".join(v.ljust(w) for v, w in zip(c, widths)))
+
+
+def _fmt(value):
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def main(argv=None) -> int:
+    """Run every benchmark (or those whose title contains an argument) and print the results."""
+    argv = sys.argv[1:] if argv is None else argv
+    for title, (module, function) in BENCHMARKS.items():
+        if argv and not any(a.lower() in title.lower() for a in argv):
+            continue
+        print(f"\n== {title}")
+        start = time.perf_counter()
+        rows = getattr(importlib.import_module(module), function)()
+        _print_rows(rows)
+        print(f"  ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
