@@ -50,6 +50,11 @@ class Flag(enum.IntFlag):
     UF = 0x08
     NX = 0x10
 
+    @classmethod
+    def names(cls, value: int) -> list[str]:
+        """The set flags of ``value`` as names, in bit order (e.g. ``['OF', 'NX']``)."""
+        return [flag.name for flag in cls if value & flag]
+
 
 class Special(enum.Enum):
     """Non-finite FP32 source classes that take the special-value path (§5.8)."""

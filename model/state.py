@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .datatype import DataType
+from .convert import Flag as StatusFlag  # the sticky status register holds the same five flags
 from .faults import PTOFault
 from .isa import HANDS
 from .layout import (CELL_BYTES, LOCAL_MAX_CAPACITY_BYTES, SHARED_MAX_CAPACITY_BYTES, Layout,
@@ -59,20 +60,6 @@ class Location(enum.Enum):
     """Where a tile may be consumed: CUBE operands live in Matrix, auxiliary tiles in Any."""
     MATRIX = "Matrix"
     ANY = "Any"
-
-
-class StatusFlag(enum.IntFlag):
-    """Sticky numeric status flags, valued as the spec's 5-bit flag vectors."""
-    NV = 0x01
-    DZ = 0x02
-    OF = 0x04
-    UF = 0x08
-    NX = 0x10
-
-    @classmethod
-    def names(cls, value: int) -> list[str]:
-        """The set flags of ``value`` as names, in bit order (e.g. ``['OF', 'NX']``)."""
-        return [flag.name for flag in cls if value & flag]
 
 
 def popcount(mask: int) -> int:
