@@ -211,6 +211,23 @@ def _raw_array(dtype: DataType, raw) -> np.ndarray:
     return arr
 
 
+def _require_gradual_underflow():
+    """Refuse to compute if this thread flushes subnormals (FTZ/DAZ).
+
+    The FP32 paths below use the CPU's float32/float64 arithmetic, which obeys the
+    thread's flush-to-zero and denormals-are-zero modes.  Code elsewhere in the
+    process (an extension built with -ffast-math, say) can switch them on; the
+    results would then silently break ruling R1, so fail loudly instead.
+    """
+    if (np.float32(_SMALLEST_SUBNORMAL_F32) * np.float32(1.0) == 0
+            or np.array([1], np.uint32).view(np.float32).astype(np.float64)[0] == 0):
+        raise RuntimeError("this thread flushes subnormal floats to zero (FTZ/DAZ is on); "
+                           "the golden model's FP32 arithmetic needs gradual underflow")
+
+
+_SMALLEST_SUBNORMAL_F32 = 2.0 ** -149
+
+
 def decode(dtype, raw) -> np.ndarray:
     """Exact values of raw element bit patterns.
 
@@ -220,6 +237,8 @@ def decode(dtype, raw) -> np.ndarray:
     """
     dtype = _as_dtype(dtype)
     arr = _raw_array(dtype, raw)
+    if dtype in _CARRIER_MASK:
+        _require_gradual_underflow()
     if dtype in _FLOAT_TABLES:
         return _FLOAT_TABLES[dtype][arr.astype(np.intp)]
     if dtype is DataType.FP64:
@@ -500,6 +519,7 @@ def fma_f32(acc, prod) -> np.ndarray:
     gradual underflow, no FTZ/DAZ, exact cancellation gives +0 (both operands -0:
     -0).  Returns float32 with every NaN canonical.
     """
+    _require_gradual_underflow()
     acc = _as_f32_exact(acc, "acc")
     prod = np.asarray(prod, dtype=np.float64)
     acc, prod = np.broadcast_arrays(acc, prod)
@@ -575,6 +595,7 @@ def matmul_float(a, b, acc0=None, a_scale=None, b_scale=None) -> np.ndarray:
     ``a_scale[i, k // 32]`` and ``b_scale[k // 32, j]``.  Returns float32 [M, N]
     with every NaN canonical.  Bias is a separate step (:func:`add_bias_f32`).
     """
+    _require_gradual_underflow()
     # NaN/infinity arithmetic below is intended; numpy must not warn about it.
     with np.errstate(over="ignore", invalid="ignore"):
         a = _as_f32_exact(a, "a").astype(np.float64)

@@ -769,3 +769,40 @@ def test_bench_model_reports_every_case():
         assert r["model_macs_per_s"] == pytest.approx(r["macs"] / r["model_s"])
         assert (r["meets_target"] is None) == (r["target_ratio"] is None)
 
+
+
+# ---------------------------------------------------------------------------
+# Flush-to-zero guard (ruling R1: gradual underflow, never FTZ/DAZ)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"),
+                    reason="sets FTZ/DAZ through the x86 MXCSR register")
+def test_model_refuses_to_compute_when_the_thread_flushes_subnormals(tmp_path):
+    # The MXCSR is per thread, so the check runs in a child process of its own.
+    import subprocess
+    import sys
+    source = tmp_path / "ftz.c"
+    source.write_text("#include <xmmintrin.h>\n"
+                      "void set_ftz_daz(void) { _mm_setcsr(_mm_getcsr() | 0x8040); }\n")
+    library = tmp_path / "libftz.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    script = f"""
+import ctypes, numpy as np
+from ptocube.model.datatype import DataType
+from ptocube.model.numeric import decode, matmul_float, fma_f32
+assert decode(DataType.FP32, np.array([1], np.uint32))[0] == 2.0 ** -149
+ctypes.CDLL({str(library)!r}).set_ftz_daz()
+for call in (lambda: decode(DataType.FP32, np.array([1], np.uint32)),
+             lambda: matmul_float(np.array([[2.0 ** -75]]), np.array([[2.0 ** -70]])),
+             lambda: fma_f32(np.float32(0), np.float64(2.0 ** -149))):
+    try:
+        call()
+    except RuntimeError as err:
+        assert "FTZ/DAZ" in str(err)
+    else:
+        raise SystemExit("computed with FTZ/DAZ on")
+print("refused")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused"
