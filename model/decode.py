@@ -16,9 +16,17 @@ is written down in ``docs/decisions/decode.md``.  In short:
 * After any fault the decoder discards words up to and including the next stop;
   a start ends the discarding and opens a new bundle.  A faulting stop is itself
   that boundary.
+* A start whose transfer reads the retiring bundle's BPCN (IND, ICALL) is
+  ``Fault_BundleControl`` before anything is committed: the retiring bundle is
+  never a Standard or Floating one in this unit.
 * Starts of bundles this unit does not execute (every start other than the twelve
-  CUBE starts and TEPL TIMG2COL), and other command forms, are an implementation
-  limit reported as ``Fault_IllegalInstruction``.
+  CUBE starts and TEPL TIMG2COL), other command forms and a B.CATR requesting a
+  post-commit trap are an implementation limit reported as
+  ``Fault_IllegalInstruction``.
+* A caller that runs the preflight between steps (:class:`ptocube.model.machine.Machine`)
+  calls :meth:`BundleDecoder.squash` when a commit the decoder passed fails; a
+  start that ended that bundle then opens nothing, as when the decoder itself
+  detects the fault.
 
 The CLI ``ptocube decode FILE`` prints the records as JSON.
 """
@@ -37,7 +45,8 @@ from .isa import (DATATYPE_NAMES, GPR_NAMES, HANDS, LOCAL_SIZE_BYTES, TEPL_OPERA
                   parcels_to_words, pe_mask_of_pemode, tepl_selector, word_and_length)
 
 __all__ = ["BundleDecoder", "DecoderState", "decode_stream", "decode_parcels",
-           "record_to_dict", "MAX_IOT_WORDS", "MAX_SHARED", "MAX_MATRIX_LOCAL_SOURCES",
+           "record_to_dict", "start_reads_retiring_bpcn", "INDIRECT_START_FORMS",
+           "INDIRECT_BRTYPES", "MAX_IOT_WORDS", "MAX_SHARED", "MAX_MATRIX_LOCAL_SOURCES",
            "MAX_MATRIX_DESTINATIONS", "add_arguments", "run"]
 
 #: Effective B.IOT words per bundle (the spec model's binding array); the 17th is
@@ -52,9 +61,31 @@ MAX_MATRIX_DESTINATIONS = 3
 
 _STARTS = (Role.MATRIX_START, Role.TEPL_START, Role.OTHER_START, Role.TRACE_START)
 
+#: Start forms whose transfer is always indirect (IND) or indirect call (ICALL).
+INDIRECT_START_FORMS = frozenset({"bstart_std_32_986b7ee2cf6a",      # BSTART.STD IND
+                                  "bstart_fp_32_7978795a29a1",       # BSTART.FP IND
+                                  "bstart_icall_32_50166001"})       # BSTART.ICALL
+#: BrType codes whose transfer reads the retiring BPCN: 101 IND, 110 ICALL (the
+#: spec's BundleTransferOfBranchType).  C.BSTART.STD/.FP accept only 001, 101 and
+#: 111, so of these only IND reaches the start handler.
+INDIRECT_BRTYPES = frozenset({0b101, 0b110})
+
 _BC = FaultClass.BUNDLE_CONTROL
 _TL = FaultClass.TILE_LEGALITY
 _II = FaultClass.ILLEGAL_INSTRUCTION
+
+
+def start_reads_retiring_bpcn(form, fields) -> bool:
+    """True when the start's transfer takes its target from the retiring bundle's BPCN.
+
+    That is BSTART.STD IND, BSTART.FP IND, BSTART.ICALL, and C.BSTART.STD/.FP with
+    BrType IND (``asl/block/model/dispatch/start.asl``: transfer Indirect or
+    IndirectCall; the transfer comes from BrType when the form has one, else from
+    the form).
+    """
+    if "BrType" in fields:
+        return fields["BrType"] in INDIRECT_BRTYPES
+    return form.form_id in INDIRECT_START_FORMS
 
 
 class DecoderState(enum.Enum):
@@ -107,6 +138,9 @@ class BundleDecoder:
     an unsupported start after a successful commit returns two).  ``finish(index)``
     ends the stream.  ``gprs`` (24 ints; GPR 0 always reads 0) supplies the values
     B.DIM reads when it executes.
+
+    A caller that completes each record before the next step calls ``squash()``
+    when a record the decoder passed then fails its commit (decisions D9, D29).
     """
 
     def __init__(self, gprs=None):
@@ -170,6 +204,22 @@ class BundleDecoder:
         self.state = DecoderState.IDLE
         return records
 
+    def squash(self):
+        """The commit of the record the last step returned failed after decode.
+
+        Call it before the next step, when the preflight (or allocation) rejected
+        a record this decoder passed.  If a start ended that bundle, the start
+        opens nothing (``start.asl``: a failed commit returns before
+        ``BeginBundleAt``): the bundle it opened is dropped and the decoder skips to
+        the next stop, exactly as when the decoder detects the commit fault itself
+        (D9).  A record of an unsupported start returned by the same step (D11)
+        belongs to that unopened bundle and must be discarded by the caller.  If a
+        stop ended the bundle the decoder is already idle and nothing changes.
+        """
+        if self.state is not DecoderState.IDLE:
+            self._bundle = None
+            self.state = DecoderState.SKIP
+
     # -- boundaries ------------------------------------------------------------------
 
     def _start(self, entry, form, fields) -> list:
@@ -181,6 +231,12 @@ class BundleDecoder:
                 return self._abort(entry, _II, f"reserved TEPL selector {selector:#04x} "
                                                f"(Mode {fields['Mode']}, Function "
                                                f"{fields['Function']})")
+        if start_reads_retiring_bpcn(form, fields):
+            # Also before the commit.  The retiring bundle is a CUBE or TIMG2COL
+            # one, or there is none: never a Standard or Floating bundle with a BPCN
+            # to read, so this always faults (D10).
+            return self._abort(entry, _BC, f"{form.mnemonic} reads the retiring bundle's BPCN, "
+                                           f"but no Standard or Floating bundle is retiring")
         records = []
         if self._bundle is not None:
             record = self._commit(index, self._bundle.words)
@@ -286,6 +342,9 @@ class BundleDecoder:
         b = self._bundle
         if b.catr_present:
             raise _Fault(_BC, "second B.CATR")
+        if f["trap"]:
+            raise _Fault(_II, "implementation limit: B.CATR trap (post-commit trap request) is "
+                              "not supported by the CUBE unit")
         b.catr_present = True
         b.catr_dr = bool(f["DR"])
 

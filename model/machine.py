@@ -3,8 +3,8 @@
 :class:`Machine` holds the architectural :class:`~ptocube.model.state.State`
 and runs programs on it, one bundle at a time:
 
-1. **decode** (:mod:`ptocube.model.decode`): words to bundle records; decode-
-   and header-time faults come back as records;
+1. **decode** (:mod:`ptocube.model.decode`): words to bundle records, one
+   instruction at a time; decode- and header-time faults come back as records;
 2. a bundle whose bindings all have PE_MASK 0000 is a **strict no-op**
    (ruling R12): nothing is read, checked, allocated or published;
 3. **preflight** (:mod:`ptocube.model.preflight`): every completion-time
@@ -13,6 +13,11 @@ and runs programs on it, one bundle at a time:
 5. **publish**: the outputs (D, RowMaxOut, GroupMaxOut or the TIMG2COL
    window) of every selected PE - descriptors, payloads, definedness - and
    the numeric status flags, as one atomic group.
+
+Each record is completed as soon as the decoder returns it, before the next
+instruction is decoded: when a commit that a start ended fails here, that
+start opens nothing (:meth:`~ptocube.model.decode.BundleDecoder.squash`), as
+when the decoder detects the fault itself.
 
 A fault at any step publishes nothing: the state after a faulting bundle is
 identical to the state before it (sources, previous status, Shared tiles and
@@ -27,9 +32,10 @@ from dataclasses import dataclass, field
 
 from .asm import assemble
 from .bundle import BundleRecord, Operation
-from .decode import decode_stream
+from .decode import BundleDecoder
 from .execute import ARITHMETIC_MODES, execute
 from .faults import FaultClass, PTOFault
+from .isa import word_and_length
 from .preflight import preflight
 from .state import HANDS, State, Tile, selector_name
 
@@ -115,10 +121,25 @@ class Machine:
         bundles do not write GPRs, so the whole program sees the same values.
         """
         words = assemble(program) if isinstance(program, str) else list(program)
-        records = decode_stream(words, self.state.gprs)
-        results = [self.step(record, number) for number, record in enumerate(records)]
+        decoder = BundleDecoder(self.state.gprs)
+        results = []
+        for index, item in enumerate(words):
+            self._complete(decoder, decoder.step(index, *word_and_length(item)), results)
+        self._complete(decoder, decoder.finish(len(words)), results)
         self.results.extend(results)
         return results
+
+    def _complete(self, decoder: BundleDecoder, records: list, results: list):
+        """Complete the records one decoder step returned, appending to ``results``."""
+        for record in records:
+            result = self.step(record, len(results))
+            results.append(result)
+            if record.ok and not result.ok:
+                # The commit failed after decode.  If a start ended the bundle, it
+                # opens nothing: the decoder drops its bundle, and a second record
+                # of this step (an unsupported start, D11) is that bundle's.
+                decoder.squash()
+                return
 
     def step(self, record: BundleRecord, number: int = 0) -> BundleResult:
         """Complete one decoded bundle against the state (publishing on success)."""

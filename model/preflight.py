@@ -39,8 +39,9 @@ by line.
 TIMG2COL bundles follow the instruction contract (ruling R13) with the
 generic TEPL completion order of ``tile-execution.asl``:
 :func:`img2col_attributes_legal` and :func:`img2col_dimensions` (TileLegality),
-:func:`resolve_img2col_destination` (TileAllocation), then
-:func:`img2col_operands_legal` (``TileOperandsLegal_TIMG2COL``, TileLegality).
+:func:`resolve_img2col_destination` of type :func:`img2col_data_type`
+(TileAllocation), then :func:`img2col_operands_legal`
+(``TileOperandsLegal_TIMG2COL``, TileLegality).
 
 Every selected PE runs the operation on its own Local tiles (ruling R12), so
 the per-tile checks of a step run over each selected PE before the next step.
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bundle import Bundle, Operation
+from .bundle import Bundle, Datr, Operation
 from .datatype import (DTYPE_NONE, MX_MATRIX_TYPES, MX_SCALED_TYPES, ORDINARY_MATRIX_TYPES,
                        DataType, accumulator_type)
 from .faults import FaultClass, PTOFault
@@ -71,8 +72,8 @@ __all__ = ["LocalOperands", "SharedOperands", "Output", "MatrixPlan", "Img2ColPl
            "gemv_m_is_one", "shared_schemas_legal", "postprocess_sources_legal",
            "local_mathematical_sources_legal", "accumulator_destination_distinct",
            "cooperative_m_layout", "resolve_destination_group",
-           "img2col_attributes_legal", "img2col_dimensions", "resolve_img2col_destination",
-           "img2col_operands_legal"]
+           "img2col_attributes_legal", "img2col_data_type", "img2col_dimensions",
+           "resolve_img2col_destination", "img2col_operands_legal"]
 
 
 def _legality(reason: str) -> PTOFault:
@@ -643,13 +644,25 @@ def plan_matrix(bundle: Bundle, state: State) -> MatrixPlan:
 # ---------------------------------------------------------------------------
 
 def img2col_attributes_legal(bundle: Bundle) -> None:
-    """TIMG2COL takes no B.DATR field (catalog ``allowed_nonzero_fields = []``).
+    """TIMG2COL allows no nonzero B.DATR field (catalog ``allowed_nonzero_fields = []``).
 
-    Any B.DATR is rejected: a nonzero field is illegal, and an all-zero one
-    would select DataType 0 (FP64), which TIMG2COL rejects as well.
+    A B.DATR with any nonzero field is ``Fault_TileLegality`` here, before
+    allocation.  An all-zero B.DATR passes (``SelectedBundleTileDataAttributesLegal``
+    checks only field values), but it names DataType 0: see :func:`img2col_data_type`.
     """
-    if bundle.datr is not None:
-        raise _legality("TIMG2COL takes no B.DATR")
+    if bundle.datr is not None and bundle.datr != Datr():
+        raise _legality("TIMG2COL allows no nonzero B.DATR field")
+
+
+def img2col_data_type(bundle: Bundle) -> DataType:
+    """The bundle's effective data type: an explicit B.DATR's DataType, else the start's.
+
+    Only an all-zero B.DATR gets this far, so an explicit one selects FP64
+    (``ResolveBundleEffectiveDataType``).  The destination is allocated as FP64 and
+    the bundle then fails ``TileOperandsLegal_TIMG2COL`` (FP64 is not a TIMG2COL
+    type), unless allocation fails first.
+    """
+    return DataType(bundle.a_type if bundle.datr is None else bundle.datr.dtype)
 
 
 def img2col_dimensions(bundle: Bundle) -> tuple[int, int, int]:
@@ -712,7 +725,7 @@ def plan_img2col(bundle: Bundle, state: State) -> Img2ColPlan:
     """
     img2col_attributes_legal(bundle)
     valid_col, valid_row, col = img2col_dimensions(bundle)
-    dtype = DataType(bundle.a_type)
+    dtype = img2col_data_type(bundle)
     output = resolve_img2col_destination(bundle, dtype, valid_row, valid_col, col, state)
     regs = bundle.ior or (0, 0, 0, 0)
     pos_m, pos_k = (state.read_gpr(r) & 0xFFFF for r in regs[:2])

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from ptocube.model import isa
 from ptocube.model.asm import assemble
 from ptocube.model.bundle import Datr, Destination, Fpatr, Operation
+from ptocube.model.faults import FaultClass
 from ptocube.model.decode import (BundleDecoder, DecoderState, MAX_MATRIX_DESTINATIONS,
                                   MAX_MATRIX_LOCAL_SOURCES, MAX_SHARED, decode_parcels,
                                   decode_stream, record_to_dict)
@@ -154,6 +155,119 @@ def test_unsupported_start_after_open_bundle_returns_two_records():
     records = decoder.step(2, start.word, 32)
     assert [outcome(r) for r in records] == [("ok", 2), ("Fault_IllegalInstruction", 2)]
     assert "implementation limit" in records[1].reason
+
+
+# -- starts that read the retiring bundle's BPCN (audit finding 1) ------------------------
+
+_OPEN_TMATMUL = ("BSTART.TMATMUL FP16\nB.FPATR None, None, 0, 0, 0, 0, 0, 0, 0\n"
+                 "B.IOT M#1, N#1, mask=1111, last, ->T<1>\n")
+
+
+def _unsupported_start_words():
+    """A word of every start the unit does not execute, once per legal BrType."""
+    for form in isa.FORMS:
+        if form.role is not isa.Role.OTHER_START:
+            continue
+        brtypes = next((c.values for c in form.constraints if c.field == "BrType"), (None,))
+        for brtype in brtypes:
+            fields = {f.name: 0 for f in form.fields if not f.word_mask & form.mask}
+            if brtype is not None:
+                fields["BrType"] = brtype
+            name = form.mnemonic + ("" if brtype is None else
+                                    " " + isa.BRANCH_TYPE_NAMES[brtype])
+            if "IND" in form.asm and brtype is None:
+                name += " IND"
+            yield name, (isa.encode(form, fields), form.length)
+
+
+def test_only_indirect_starts_fault_before_the_commit():
+    bundle = [(i.word, i.length) for i in assemble(_OPEN_TMATMUL)]
+    indirect = set()
+    for name, start in _unsupported_start_words():
+        records = decode_stream(bundle + [start])
+        if outcome(records[0]) == ("Fault_BundleControl", 3):
+            # Nothing committed: the open bundle is dropped with the start.
+            assert len(records) == 1 and [w[0] for w in records[0].words] == [0, 1, 2, 3]
+            assert "BPCN" in records[0].reason
+            indirect.add(name)
+        else:
+            assert [outcome(r) for r in records] == [("ok", 3), ("Fault_IllegalInstruction", 3)]
+    assert indirect == {"BSTART.STD IND", "BSTART.FP IND", "BSTART.ICALL",
+                        "C.BSTART.STD IND", "C.BSTART.FP IND"}
+
+
+def test_indirect_start_with_no_bundle_faults_and_skips():
+    decoder = BundleDecoder()
+    (start,) = assemble("BSTART.STD IND")
+    (record,) = decoder.step(0, start.word, start.length)
+    assert outcome(record) == ("Fault_BundleControl", 0) and decoder.state is DecoderState.SKIP
+
+
+# -- B.CATR trap (audit finding 3) ---------------------------------------------------------
+
+@pytest.mark.parametrize("start", ["BSTART.TMATMUL FP16", "BSTART.SFU TIMG2COL, FP16"])
+def test_catr_trap_is_an_implementation_limit_at_the_catr(start):
+    (record,) = decode_text(f"{start}\nB.DIM zero, 4, ->LB0\nB.CATR {{trap}}\n"
+                            "B.IOT M#1, mask=1111, last, ->M<1>\nBSTOP")
+    assert outcome(record) == ("Fault_IllegalInstruction", 2)
+    assert "implementation limit" in record.reason and "trap" in record.reason
+    # Every other B.CATR bit is accepted (DR is a commit-time matter, D18/D20).
+    (record,) = decode_text(f"{start}\nB.CATR {{atomic, aqrl, far}}\nBSTOP")
+    assert record.fault is not FaultClass.ILLEGAL_INSTRUCTION
+
+
+# -- squash(): a commit that fails after decode (audit finding 2) --------------------------
+
+def _decode_with_squash(text, failing):
+    """Step through ``text`` as the Machine does, failing the commit of record ``failing``."""
+    decoder = BundleDecoder()
+    instrs = assemble(text)
+    records = []
+    for index, instr in enumerate(instrs):
+        for record in decoder.step(index, instr.word, instr.length):
+            records.append(record)
+            if len(records) - 1 == failing:
+                decoder.squash()
+                break
+    return records + decoder.finish(len(instrs))
+
+
+_GOOD = _OPEN_TMATMUL + "BSTOP\n"
+_BOUNDARIES = {
+    "matrix-start": "BSTART.TMATMUL.ACC FP16\nB.IOT T#1, mask=1111, last\nBSTOP\n" + _GOOD,
+    "timg2col-start": "BSTART.SFU TIMG2COL, FP16\nB.DIM zero, 4, ->LB0\nBSTOP\n" + _GOOD,
+    "unsupported-start": "BSTART.STD FALL\nBSTOP\n" + _GOOD,
+    "trace-hint": "B.HINT TRACE.begin\nBSTOP\n" + _GOOD,
+    "stop": "BSTOP\n" + _GOOD,
+}
+
+
+@pytest.mark.parametrize("boundary", sorted(_BOUNDARIES))
+def test_squash_gives_the_records_of_a_fault_the_decoder_detects(boundary):
+    rest = _BOUNDARIES[boundary]
+    squashed = _decode_with_squash(_OPEN_TMATMUL + rest, failing=0)
+    # The same bundle without its B.FPATR fails at the same boundary in the decoder.
+    detected = decode_text(_OPEN_TMATMUL.replace("B.FPATR None, None, 0, 0, 0, 0, 0, 0, 0\n", "")
+                           + rest)
+    assert outcome(squashed[0]) == ("ok", 3) and detected[0].fault_index == 2
+    # Every later record is the same, one instruction later (the B.FPATR line).
+    assert [outcome(r) for r in squashed[1:]] == [(o, i + 1) for o, i in map(outcome,
+                                                                                 detected[1:])]
+    assert [outcome(r) for r in squashed[1:]] == [("ok", len(assemble(rest)) + 2)]
+
+
+def test_squash_state():
+    decoder = BundleDecoder()
+    instrs = assemble(_OPEN_TMATMUL + "BSTART.TMATMUL FP16\nBSTOP\n" + _GOOD)
+    results = [decoder.step(i, w.word, w.length) for i, w in enumerate(instrs[:4])]
+    assert [outcome(r) for r in results[3]] == [("ok", 3)]
+    assert decoder.state is DecoderState.OPEN
+    decoder.squash()
+    assert decoder.state is DecoderState.SKIP
+    assert decoder.step(4, instrs[4].word, instrs[4].length) == []     # the unopened stop
+    assert decoder.state is DecoderState.IDLE
+    decoder.squash()                                                   # idle: no effect
+    assert decoder.state is DecoderState.IDLE
 
 
 def test_gprs_must_be_24_values():

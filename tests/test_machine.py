@@ -126,6 +126,91 @@ def test_a_faulting_bundle_is_skipped_and_the_next_one_runs():
     assert [r.number for r in machine.results] == [0, 1]
 
 
+# ---------------------------------------------------------------------------
+# Stream-level faults around the commit (audit findings 1-3)
+# ---------------------------------------------------------------------------
+
+_FPATR = "B.FPATR None, None, 0, 0, 0, 0, 0, 0, 0\n"
+
+
+def _tmatmul(a="M#1", fpatr=True):
+    """An FP16 TMATMUL bundle without its boundary (A = ``a``, B = N#1, D -> T)."""
+    return ("BSTART.TMATMUL FP16\n" + (_FPATR if fpatr else "")
+            + f"B.IOT {a}, N#1, mask=1111, last, ->T<1>\n")
+
+
+def _fp16_1x1_state(**local):
+    return make_state({"M#1": tile("FP16", "CUBE_M16", [[0x4000]]),
+                       "N#1": tile("FP16", "CUBE_N8", [[0x4200]]), **local})
+
+
+def _summary(results):
+    return [(r.outcome, r.fault_index, r.operation, [(p.pe, p.name) for p in r.published])
+            for r in results]
+
+
+@pytest.mark.parametrize("start", ["BSTART.STD IND", "BSTART.FP IND", "C.BSTART.STD IND",
+                                   "C.BSTART.FP IND", "BSTART.ICALL 0, ->ra"])
+def test_indirect_start_faults_before_committing_the_open_bundle(start):
+    state = _fp16_1x1_state()
+    before = state.snapshot()
+    machine = Machine(state)
+    results = machine.run(_tmatmul() + start + "\nBSTOP\n")
+    assert _summary(results) == [(Outcome.FAULT, 3, None, [])]
+    assert results[0].fault is FaultClass.BUNDLE_CONTROL
+    assert machine.state.same_as(before)
+
+
+def test_catr_trap_is_rejected_and_publishes_nothing():
+    state = _fp16_1x1_state()
+    before = state.snapshot()
+    machine = Machine(state)
+    results = machine.run("BSTART.TMATMUL FP16\nB.CATR {trap}\n" + _FPATR +
+                          "B.IOT M#1, N#1, mask=1111, last, ->T<1>\nBSTOP\n")
+    assert [(r.fault, r.fault_index) for r in results] == [(FaultClass.ILLEGAL_INSTRUCTION, 1)]
+    assert "implementation limit" in results[0].reason
+    assert machine.state.same_as(before)
+
+
+_AFTER_START = {
+    "matrix": _tmatmul() + "BSTOP\n" + _tmatmul() + "BSTOP\n",
+    "timg2col": "BSTART.SFU TIMG2COL, FP16\nB.DIM zero, 1, ->LB0\n"
+                "B.IOT M#1, mask=1111, last, ->M<1>\nBSTOP\n" + _tmatmul() + "BSTOP\n",
+    "unsupported": "BSTART.STD FALL\nBSTOP\n" + _tmatmul() + "BSTOP\n",
+    "stop": "BSTOP\n" + _tmatmul() + "BSTOP\n",
+}
+
+
+@pytest.mark.parametrize("rest", sorted(_AFTER_START))
+def test_a_commit_failing_in_the_preflight_stops_the_next_start(rest):
+    # The audit's reproducer: A = M#5 does not exist, so the commit that the next
+    # start (or stop) triggers fails in the preflight.  That start opens nothing,
+    # exactly as if the decoder had found the fault (the same bundle without
+    # B.FPATR, one instruction shorter).
+    program = _tmatmul("M#5") + _AFTER_START[rest]
+    results = Machine(_fp16_1x1_state()).run(program)
+    assert (results[0].fault, results[0].fault_index) == (FaultClass.TILE_LEGALITY, 3)
+    detected = Machine(_fp16_1x1_state()).run(_tmatmul("M#5", fpatr=False) + _AFTER_START[rest])
+    assert (detected[0].fault, detected[0].fault_index) == (FaultClass.BUNDLE_CONTROL, 2)
+    assert _summary(results[1:]) == [(o, i + 1 if i is not None else None, op, pub)
+                                     for o, i, op, pub in _summary(detected[1:])]
+    # Only the last bundle runs, and it gets T#1: nothing before it published.
+    assert [r.outcome for r in results[1:]] == [Outcome.SUCCESS]
+    assert [p.name for p in results[1].published] == ["T#1"] * 4
+    assert [r.number for r in results] == [0, 1]
+
+
+def test_an_allocation_failure_at_a_start_also_stops_it():
+    # Hand T is full: the first bundle fails allocation at the start that ends it.
+    full = {f"T#{n}": tile("FP32", "CUBE_M16", [[0]]) for n in range(1, 17)}
+    program = _tmatmul() + _tmatmul() + "BSTOP\n" + _tmatmul().replace("->T", "->U") + "BSTOP\n"
+    results = Machine(_fp16_1x1_state(**full)).run(program)
+    assert [(r.outcome, r.fault, r.fault_index) for r in results] == [
+        (Outcome.FAULT, FaultClass.TILE_ALLOCATION, 3),
+        (Outcome.SUCCESS, FaultClass.NONE, None)]
+    assert results[1].record.bundle.start_index == 7
+
+
 def test_acc_leaves_c_unchanged_and_d_is_new():
     c = value_tile("FP32", "CUBE_M16", [[10.0, 20.0]])
     state = make_state({"U#2": c, "M#1": value_tile("FP32", "CUBE_M16", [[1.0, 2.0]]),

@@ -341,9 +341,27 @@ def _cases():
         TL, STOP)
     c["J-type-differs-from-source"] = (
         make_state({"M#1": _img2col_source()}), img2col_bundle("S8", 1), TL, STOP)
+    zero_datr = "B.DATR {NORM, FP64, Zero, EQ, Default, 0, 0}\n"
     c["J-datr-present"] = (
         make_state({"M#1": _img2col_source()}),
         img2col_bundle("U8", 1).replace("B.DIM", "B.DATR {NORM, U8, Zero, EQ, Default, 0, 0}\n"
+                                                  "B.DIM", 1), TL, STOP)
+    # An all-zero B.DATR passes the field check and makes the destination FP64
+    # (allocation first, then TileOperandsLegal_TIMG2COL); a nonzero field fails
+    # before allocation.  M#2..M#16 fill hand M, so allocation would fail.
+    full_hand = {f"M#{n}": tile("U8", "ROW_MAJOR", [[n]]) for n in range(2, 17)}
+    c["J-datr-all-zero"] = (
+        make_state({"M#1": _img2col_source()}),
+        img2col_bundle("U8", 1).replace("B.DIM", zero_datr + "B.DIM", 1), TL, STOP)
+    c["J-datr-all-zero-hand-full"] = (
+        make_state({"M#1": _img2col_source(), **full_hand}),
+        img2col_bundle("U8", 1).replace("B.DIM", zero_datr + "B.DIM", 1), TA, STOP)
+    c["J-datr-all-zero-fp64-destination-too-small"] = (      # 32 FP64 = 256 B > 128 B
+        make_state({"M#1": _img2col_source()}),
+        img2col_bundle("U8", 32).replace("B.DIM", zero_datr + "B.DIM", 1), TA, STOP)
+    c["J-datr-nonzero-field-before-allocation"] = (
+        make_state({"M#1": _img2col_source(), **full_hand}),
+        img2col_bundle("U8", 1).replace("B.DIM", "B.DATR {NORM, FP64, Zero, EQ, Default, 1, 0}\n"
                                                   "B.DIM", 1), TL, STOP)
     c["J-lb0-missing"] = (
         make_state({"M#1": _img2col_source()}),
@@ -383,6 +401,32 @@ def test_fault_vector(case):
     assert result.fault_index == expected_index
     assert result.published == () and result.flags == 0
     assert machine.state.same_as(before)
+
+
+def test_all_zero_timg2col_datr_makes_the_destination_fp64():
+    # The audit's reproducers: an all-zero B.DATR passes the field check, so the
+    # destination is allocated as FP64 (8 B per element) before operand legality.
+    def run(valid_col, datr, local=None):
+        program = img2col_bundle("U8", valid_col)
+        if datr:
+            program = program.replace("B.DIM", "B.DATR {NORM, FP64, Zero, EQ, Default, 0, 0}\n"
+                                               "B.DIM", 1)
+        state = make_state({"M#1": _img2col_source(), **(local or {})})
+        (result,) = Machine(state).run(program)
+        return result
+
+    assert run(1, datr=False).outcome == "success"
+    zero = run(1, datr=True)
+    assert (zero.fault, zero.fault_index) == (TL, 4) and "FP64" in zero.reason
+    # 16 FP64 columns fill the 128 B destination exactly; 32 do not (32 U8 would).
+    assert run(16, datr=True).fault is TL
+    assert run(32, datr=False).fault is TL                 # the window, after allocation
+    too_small = run(32, datr=True)
+    assert too_small.fault is TA and "FP64" in too_small.reason
+    # Allocation comes first: with hand M full the class is TileAllocation.
+    full = {f"M#{n}": tile("U8", "ROW_MAJOR", [[n]]) for n in range(2, 17)}
+    assert run(1, datr=True, local=full).fault is TA
+    assert run(1, datr=False, local=full).fault is TA
 
 
 def test_preflight_reports_the_first_failing_step():
