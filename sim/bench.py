@@ -15,6 +15,8 @@ __all__ = ["BENCHMARKS", "main"]
 BENCHMARKS = {
     "Golden model: bit-exact MACs/s vs numpy matmul (M=N=64, K=256)":
         ("ptocube.sim.bench_model", "bench_model"),
+    "img2col: destination elements per cycle (64 x 288 window) and ECP5 resources":
+        ("ptocube.sim.bench_img2col", "bench_img2col"),
 }
 
 
