@@ -17,6 +17,8 @@ BENCHMARKS = {
         ("ptocube.sim.bench_model", "bench_model"),
     "img2col: destination elements per cycle (64 x 288 window) and ECP5 resources":
         ("ptocube.sim.bench_img2col", "bench_img2col"),
+    "Systolic array: cycles and utilization (M=N=64, K=256 on 8 x 8)":
+        ("ptocube.sim.bench_systolic", "bench_systolic"),
 }
 
 
