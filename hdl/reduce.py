@@ -1,0 +1,144 @@
+"""RowMax / GroupMax: running MAX folds over the raw accumulator stream.
+
+:class:`MaxReduce` folds one row (or one column group) of raw accumulator values as they
+stream past, the hardware twin of :func:`ptocube.model.postprocess.row_max` /
+:func:`~ptocube.model.postprocess.group_max`.  It uses the same closed form as the model
+(``docs/decisions/postprocess.md`` entry 10): every operand becomes an unsigned *key* whose
+order is the MAX order (FP32 total order, S32 signed, U32 unsigned), NaNs drop out while a
+number is present, an all-NaN fold is the canonical NaN, and a fold of a single element with
+neither MaxAbsEn nor a seed takes no step and keeps the element's raw bits.
+"""
+
+from amaranth.hdl import Module, Mux, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..model.convert import Flag
+from .encoders import SrcKind
+from .numeric_types import pipeline_boundary
+
+__all__ = ["MaxReduce", "max_key"]
+
+_SIGN = 1 << 31
+_INT_MIN = 1 << 31
+_INT_MAX = (1 << 31) - 1
+_CANONICAL_NAN = 0x7FC00000
+_NV, _OF = int(Flag.NV), int(Flag.OF)
+
+
+def max_key(m: Module, value: Value, src: Value, max_abs: Value, sources, name: str) -> dict:
+    """An operand in fold form: ``key`` (32 bits, MAX = larger key), ``nan``, ``snan``, ``of``.
+
+    With ``max_abs``, |.| is applied first: FP32 clears the sign (a NaN stays NaN), S32 maps
+    INT_MIN to INT_MAX and raises ``of`` (OF without NX), U32 is unchanged.
+    """
+    key = Signal(32, name=f"{name}_key")
+    nan = Signal(name=f"{name}_nan")
+    snan = Signal(name=f"{name}_snan")
+    of = Signal(name=f"{name}_of")
+    m.d.comb += key.eq(value)                                   # U32
+    if SrcKind.FP32 in sources:
+        with m.If(src == SrcKind.FP32):
+            bits = Mux(max_abs, value[0:31], value)
+            is_nan = (bits[23:31] == 0xFF) & (bits[0:23] != 0)
+            # Total order: negative patterns reversed below the positive ones.
+            m.d.comb += [key.eq(Mux(bits[31], ~bits, bits ^ _SIGN)),
+                         nan.eq(is_nan), snan.eq(is_nan & ~bits[22])]
+    if SrcKind.S32 in sources:
+        with m.If(src == SrcKind.S32):
+            int_min = value == _INT_MIN
+            magnitude = Mux(int_min, _INT_MAX, abs(value.as_signed()))
+            m.d.comb += [key.eq(Mux(max_abs, magnitude, value) ^ _SIGN),
+                         of.eq(max_abs & int_min)]
+    return {"key": key, "nan": nan, "snan": snan, "of": of}
+
+
+def _max(a: dict, b: dict) -> dict:
+    """MAX of two fold-form operands: a NaN yields the other, two NaNs stay NaN."""
+    key = Mux(a["nan"], b["key"], Mux(b["nan"] | (a["key"] >= b["key"]), a["key"], b["key"]))
+    return {"key": key, "nan": a["nan"] & b["nan"]}
+
+
+class MaxReduce(wiring.Component):
+    """Running MAX over groups of a value stream, with an optional seed per group.
+
+    Parameters
+    ----------
+    sources : set of SrcKind
+        Accumulator classes built.
+
+    Members
+    -------
+    src : In(SrcKind), max_abs : In(1)
+        Operation controls (held still while values are in flight).
+    valid : In(1)
+        A value is present this cycle (the sync domain is gated by the stream's advance).
+    value : In(32)
+        Raw accumulator value.
+    first, last : In(1)
+        The value opens / closes its group (both for a one-element group).
+    seed, seed_en : In(32), In(1)
+        With ``seed_en``, ``seed`` is folded in after the group's last value as the left
+        operand (RowMaxInit); sampled with ``last``.
+    result : Out(32)
+        The group's MAX (raw accumulator-type bits), ``latency`` cycles after its last value.
+    flags : Out(5)
+        Flags raised by the operands of this cycle's value: NV for an sNaN that takes part
+        in a fold step, OF for |INT_MIN|; the seed's with the last value.
+    """
+
+    #: Cycles from ``value`` to ``result``/``flags`` (operand, fold and final registers).
+    latency = 3
+
+    def __init__(self, sources):
+        self.sources = frozenset(SrcKind(s) for s in sources)
+        super().__init__({"src": In(SrcKind), "max_abs": In(1), "valid": In(1),
+                          "value": In(32), "first": In(1), "last": In(1), "seed": In(32),
+                          "seed_en": In(1), "result": Out(32), "flags": Out(5)})
+
+    def elaborate(self, platform):
+        m = Module()
+        src, max_abs = self.src, self.max_abs
+        elem = max_key(m, self.value, src, max_abs, self.sources, "elem")
+        seed = max_key(m, self.seed, src, max_abs, self.sources, "seed")
+        # A lone value with neither MaxAbsEn nor a seed is never an operand of MAX.
+        stepped = max_abs | ~(self.first & self.last) | self.seed_en
+        use_seed = self.seed_en & self.last
+        nv = (elem["snan"] & stepped) | (use_seed & seed["snan"])
+        of = elem["of"] | (use_seed & seed["of"])
+        flags = Signal(5)
+        m.d.comb += flags.eq(Mux(nv, _NV, 0) | Mux(of, _OF, 0))
+        s1 = pipeline_boundary(m, True, "op", valid=self.valid, key=elem["key"],
+                               nan=elem["nan"], first=self.first, stepped=stepped,
+                               raw=self.value, seed_key=seed["key"], seed_nan=seed["nan"],
+                               seed_en=self.seed_en, flags=flags)
+
+        # The fold: the state register holds the MAX of the group so far.
+        state_key = Signal(32)
+        state_nan = Signal()
+        folded = _max({"key": state_key, "nan": state_nan}, {"key": s1["key"], "nan": s1["nan"]})
+        with m.If(s1["valid"]):
+            m.d.sync += [state_key.eq(Mux(s1["first"], s1["key"], folded["key"])),
+                         state_nan.eq(Mux(s1["first"], s1["nan"], folded["nan"]))]
+        s2 = pipeline_boundary(m, True, "fold", stepped=s1["stepped"], raw=s1["raw"],
+                               seed_key=s1["seed_key"], seed_nan=s1["seed_nan"],
+                               seed_en=s1["seed_en"], flags=s1["flags"])
+
+        # One stage later the state includes this value: fold the seed in and decode.
+        total = {"key": state_key, "nan": state_nan}
+        seeded = _max({"key": s2["seed_key"], "nan": s2["seed_nan"]}, total)
+        best_key = Mux(s2["seed_en"], seeded["key"], total["key"])
+        best_nan = Mux(s2["seed_en"], seeded["nan"], total["nan"])
+        result = Signal(32)
+        m.d.comb += result.eq(best_key)                          # U32
+        if SrcKind.FP32 in self.sources:
+            with m.If(self.src == SrcKind.FP32):
+                m.d.comb += result.eq(Mux(best_nan, _CANONICAL_NAN,
+                                          Mux(best_key[31], best_key ^ _SIGN, ~best_key)))
+        if SrcKind.S32 in self.sources:
+            with m.If(self.src == SrcKind.S32):
+                m.d.comb += result.eq(best_key ^ _SIGN)
+        s3 = pipeline_boundary(m, True, "out", result=Mux(s2["stepped"], result, s2["raw"]),
+                               flags=s2["flags"])
+        m.d.comb += [self.result.eq(s3["result"]), self.flags.eq(s3["flags"])]
+        return m
