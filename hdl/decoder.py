@@ -1,0 +1,1050 @@
+"""The hardware bundle decoder: parcel beats in, one bundle record per bundle out.
+
+:class:`BundleDecoder` mirrors the golden model's per-instruction state machine
+(:class:`ptocube.model.decode.BundleDecoder`) one-to-one; ``docs/hdl-decoder.md`` describes the
+design and ``docs/decisions/hdl-decoder.md`` the choices it makes.  A pipeline that takes one
+instruction per cycle:
+
+1. :class:`ParcelAligner` buffers parcels and presents the next whole instruction (length from
+   its first parcel, ruling R15); a :class:`SkidBuffer` registers it.
+2. Stage M: :class:`InstructionMatcher` compares it with every form of the ISA table of
+   :mod:`ptocube.model.isa` (logic generated from the table's masks, matches, field pieces and
+   constraints) and registers the results.
+3. Stage D: the winning form's role and fields become the decoded instruction register; B.DIM
+   reads its GPR here.
+4. Stage E: the bundle state machine applies the header and commit rules (as the model does)
+   and registers the record of a completed bundle, the output stream's payload.
+"""
+
+from types import SimpleNamespace
+
+from amaranth.hdl import Array, Assert, Cat, Const, Elaboratable, Module, Mux, Signal
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..model import isa
+from ..model.bundle import Operation, pe_mask_of_pemode
+from ..model.datatype import DTYPE_NONE
+from ..model.decode import (INDIRECT_BRTYPES, INDIRECT_START_FORMS, MAX_IOT_WORDS,
+                            MAX_MATRIX_DESTINATIONS, MAX_MATRIX_LOCAL_SOURCES, MAX_SHARED)
+from ..model.faults import FaultClass
+from .config import CubeConfig
+from .descriptor import (DatrLayout, DestinationLayout, DimLayout, FpatrLayout, IorLayout,
+                         RecordLayout)
+
+__all__ = ["ParcelBeat", "ParcelAligner", "SkidBuffer", "InstructionMatcher", "BundleDecoder",
+           "PROGRESS_BOUND"]
+
+#: With ``o.ready`` held high, a C.BSTOP that enters an empty aligner is executed within this
+#: many cycles (checked by the formal proof).
+PROGRESS_BOUND = 8
+
+
+def ParcelBeat(parcels_per_beat: int = 2) -> data.StructLayout:
+    """Payload of the decoder's input stream.
+
+    ``parcels[0 .. count-1]`` are the next parcels in memory order (little-endian 16-bit
+    units, ruling R15).  ``last`` ends the instruction stream after them: the decoder then
+    reports a bundle left open (as the model's ``finish``), returns to its idle state and
+    numbers the next instruction 0.  A beat may carry no parcels (``count == 0``).
+    """
+    return data.StructLayout({
+        "parcels": data.ArrayLayout(16, parcels_per_beat),
+        "count": range(parcels_per_beat + 1),
+        "last": 1,
+    })
+
+
+def _length_code(first_parcel):
+    """Number of parcels minus one of the instruction that starts with ``first_parcel``."""
+    low = first_parcel[:4]
+    return Mux(low == 0xE, 2, Mux(low == 0xF, 3, Mux(first_parcel[0], 1, 0)))
+
+
+class ParcelAligner(wiring.Component):
+    """Turn a stream of parcel beats into a stream of whole instructions.
+
+    A shift buffer holds up to ``capacity`` parcels, the oldest in slot 0.  The head
+    instruction leaves when all its parcels are present (its length comes from its first
+    parcel, ruling R15).  After a beat with ``last`` the aligner takes no more input until the
+    stream's parcels have left, followed by an ``end`` item; parcels of an instruction that
+    the end cuts short are dropped (the model rejects such a stream).
+
+    ``i.ready`` is a function of registers only.  With ``capacity = parcels_per_beat + 3``
+    (at least 4) two parcels stay buffered while 32-bit instructions flow, so one 16- or
+    32-bit instruction leaves per cycle when ``parcels_per_beat >= 2``.
+
+    Members
+    -------
+    i : In(stream.Signature(ParcelBeat(parcels_per_beat)))
+    o : Out(stream.Signature(...)), payload ``word`` (64 bits, parcel 0 in bits 15:0; bits past
+        the instruction's length undefined), ``length`` (parcels minus one), ``end`` (the end
+        of the stream, no instruction) and ``index`` (instruction index in the stream, modulo
+        ``2**index_width``).
+
+    Attributes
+    ----------
+    fill : Signal, read-only -- parcels held.
+    ending : Signal, read-only -- the stream's last beat is in and its end has not left.
+    """
+
+    def __init__(self, parcels_per_beat: int = 2, index_width: int = 32):
+        if parcels_per_beat < 1:
+            raise ValueError(f"a beat carries at least one parcel, not {parcels_per_beat}")
+        self.parcels_per_beat = parcels_per_beat
+        self.capacity = max(4, parcels_per_beat + 3)
+        self.fill = Signal(range(self.capacity + 1))
+        self.ending = Signal()
+        super().__init__({
+            "i": In(stream.Signature(ParcelBeat(parcels_per_beat))),
+            "o": Out(stream.Signature(data.StructLayout({
+                "word": 64, "length": 2, "end": 1, "index": index_width}))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cap, per_beat = self.capacity, self.parcels_per_beat
+        # Each slot keeps, next to its parcel, the length code the parcel would give as the
+        # head of an instruction (computed as it enters), so the head's length is a register.
+        parcel = [Signal(16, name=f"parcel{k}") for k in range(cap)]
+        code = [Signal(2, name=f"code{k}") for k in range(cap)]
+        fill = self.fill
+        ending = self.ending      # the stream's last beat is in: the end follows the parcels
+
+        length = code[0]
+        end_item = ending & (fill == 0)
+        m.d.comb += [
+            self.o.valid.eq((fill > length) | end_item),
+            self.o.p.word.eq(Cat(*parcel[:4])),
+            self.o.p.length.eq(length),
+            self.o.p.end.eq(end_item),
+            self.i.ready.eq((fill <= cap - per_beat) & ~ending),
+        ]
+        take = self.o.valid & self.o.ready
+        with m.If(take):
+            m.d.sync += self.o.p.index.eq(Mux(end_item, 0, self.o.p.index + 1))
+        # How many parcels leave, one-hot: ``leave[c]`` for c parcels.
+        leave = Signal(5)
+        m.d.comb += leave.eq(Mux(take & ~end_item, 1 << (length + 1), 1))
+
+        accept = self.i.valid & self.i.ready
+        taken = Mux(accept, self.i.p.count, 0)
+        with m.If(accept & self.i.p.last):
+            m.d.sync += ending.eq(1)
+        with m.If(take & end_item):
+            m.d.sync += ending.eq(0)
+        with m.If(ending & (fill != 0) & (fill <= length)):
+            # The stream ended inside the head instruction: drop its parcels.
+            m.d.sync += fill.eq(0)
+        with m.Else():
+            m.d.sync += fill.eq(fill - _select(leave, range(5)) + taken)
+
+        # Slot k's next content is slot k + c of the current buffer followed by the incoming
+        # parcels, for the c parcels that leave.  The candidate for every c depends on ``fill``
+        # and the input only, so the late ``leave`` just picks one of them.
+        incoming = [(self.i.p.parcels[j], _length_code(self.i.p.parcels[j]))
+                    for j in range(per_beat)]
+        for k in range(cap):
+            candidates = []
+            for c in range(5):
+                src = k + c
+                option = (Const(0, 16), Const(0, 2))
+                for j, slot in reversed(list(enumerate(incoming))):
+                    # Incoming parcel j lands at buffer position fill + j.
+                    option = tuple(Mux(fill + j == src, a, b) for a, b in zip(slot, option))
+                if src < cap:
+                    option = tuple(Mux(fill > src, a, b)
+                                   for a, b in zip((parcel[src], code[src]), option))
+                candidates.append(option)
+            m.d.sync += [
+                parcel[k].eq(_or(Mux(leave[c], o[0], 0) for c, o in enumerate(candidates))),
+                code[k].eq(_or(Mux(leave[c], o[1], 0) for c, o in enumerate(candidates))),
+            ]
+        return m
+
+
+class SkidBuffer(wiring.Component):
+    """A two-entry stream register whose ``i.ready`` is a register output.
+
+    It cuts the combinational ``ready`` path between two pipeline stages at full throughput:
+    the payload is registered (``o`` is valid one cycle after a transfer on ``i``), and a
+    second entry catches the transfer that arrives in the cycle ``o`` stalls.  ``level``
+    (read-only) counts the entries held.
+    """
+
+    def __init__(self, shape):
+        self.level = Signal(range(3))
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        spare = Signal.like(self.i.payload)
+        spare_valid = Signal()
+        m.d.comb += [self.i.ready.eq(~spare_valid), self.level.eq(self.o.valid + spare_valid)]
+        with m.If(~self.o.valid | self.o.ready):
+            # The output register is free at the next edge: refill it from the spare entry
+            # first, else from the input.
+            with m.If(spare_valid):
+                m.d.sync += [self.o.p.eq(spare), self.o.valid.eq(1), spare_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [self.o.p.eq(self.i.p), self.o.valid.eq(self.i.valid)]
+        with m.Elif(self.i.valid & self.i.ready):
+            m.d.sync += [spare.eq(self.i.p), spare_valid.eq(1)]
+        return m
+
+
+class InstructionMatcher(Elaboratable):
+    """Decode of one instruction word, generated from :mod:`ptocube.model.isa`.
+
+    Each form of :data:`isa.DECODE_ORDER` matches when the length agrees and
+    ``word & mask == match`` for one of its encodings; the first match in decode priority
+    wins and its catalog constraints decide ``legal`` (no fall-through, as in
+    :func:`isa.match_form`).  Priority is only resolved between forms that can match the same
+    word (found from the table at elaboration time), which keeps the logic shallow.
+
+    Parameters
+    ----------
+    field_names : iterable of str
+        Fields to extract: ``fields[name]`` is the winning form's raw value, 0 when it has no
+        such field, and ``has[name]`` says whether it has one.
+    form_values : dict of name -> (width, function)
+        Per-form constants: ``values[name]`` is ``function(form)`` of the winning form, or 0
+        when the function returns None for it.
+    registered : bool
+        Register the per-form match and constraint results (and the word) between the
+        comparisons and the selection: the outputs then describe the word presented at the
+        last clock edge with ``en`` high.
+
+    Attributes
+    ----------
+    word : Signal(64), in
+    length : Signal(2), in -- parcels minus one.
+    en : Signal(), in -- load the pipeline register (``registered`` only).
+    stage_word : Signal(64), out -- the word the outputs describe.
+    matched, legal : Signal(), out -- some form matches; it matches and its constraints hold.
+    form : Signal, out -- catalog index (:data:`isa.FORMS`) of the winning form.
+    role : dict of :class:`isa.Role` -> Signal(), out -- the winning form's role.
+    """
+
+    def __init__(self, field_names=(), form_values=None, *, registered=False):
+        self.registered = registered
+        self.word = Signal(64)
+        self.length = Signal(2)
+        self.en = Signal(init=1)
+        self.stage_word = Signal(64)
+        self.matched = Signal()
+        self.legal = Signal()
+        self.form = Signal(range(len(isa.FORMS)))
+        self.role = {role: Signal(name=f"role_{role.name.lower()}") for role in isa.Role}
+        widths = {}
+        for form in isa.FORMS:
+            for f in form.fields:
+                widths[f.name] = max(widths.get(f.name, 0), f.width)
+        unknown = set(field_names) - set(widths)
+        if unknown:
+            raise ValueError(f"no form has field(s) {', '.join(sorted(unknown))}")
+        self.fields = {n: Signal(widths[n], name=f"field_{_ident(n)}") for n in field_names}
+        self.has = {n: Signal(name=f"has_{_ident(n)}") for n in field_names}
+        self._form_values = dict(form_values or {})
+        self.values = {n: Signal(w, name=f"value_{_ident(n)}")
+                       for n, (w, _) in self._form_values.items()}
+
+    def elaborate(self, platform):
+        m = Module()
+        order = isa.DECODE_ORDER
+        # Bit k of each vector belongs to form ``order[k]``.
+        hit = Signal(len(order))
+        ok = Signal(len(order))
+        hit_now = Cat((self.length == form.length // 16 - 1) &
+                      _any((self.word[:form.length] & enc.mask) == enc.match
+                           for enc in form.encodings)
+                      for form in order)
+        ok_now = Cat(_constraints_hold(self.word, form) for form in order)
+        if self.registered:
+            with m.If(self.en):
+                m.d.sync += [hit.eq(hit_now), ok.eq(ok_now), self.stage_word.eq(self.word)]
+        else:
+            m.d.comb += [hit.eq(hit_now), ok.eq(ok_now), self.stage_word.eq(self.word)]
+        word = self.stage_word
+
+        # A form wins when it hits and no earlier form that can match the same word does.
+        win = Signal(len(order))
+        m.d.comb += win.eq(Cat(
+            hit[k] & ~_any(hit[j] for j in range(k) if _overlap(order[j], form))
+            for k, form in enumerate(order)))
+        m.d.comb += [
+            self.matched.eq(hit.any()),
+            self.legal.eq((win & ok).any()),
+            self.form.eq(_select(win, [isa.FORMS.index(f) for f in order])),
+        ]
+
+        def winner_among(forms):
+            """Whether the winner is one of ``forms`` (a one-hot test against a constant)."""
+            return (win & sum(1 << order.index(f) for f in forms)).any()
+
+        for role, sig in self.role.items():
+            m.d.comb += sig.eq(winner_among(f for f in order if f.role is role))
+        for name, (_, function) in self._form_values.items():
+            m.d.comb += self.values[name].eq(_select(win, [function(f) or 0 for f in order]))
+        for name, sig in self.fields.items():
+            # Forms that place the field identically share one extractor.
+            by_pieces = {}
+            for form in order:
+                for f in form.fields:
+                    if f.name == name:
+                        by_pieces.setdefault(f.pieces, []).append(form)
+            present = {pieces: winner_among(forms) for pieces, forms in by_pieces.items()}
+            m.d.comb += [
+                sig.eq(_or(Mux(sel, _extract(word, pieces), 0)
+                           for pieces, sel in present.items())),
+                self.has[name].eq(_any(present.values())),
+            ]
+        return m
+
+
+def _overlap(a, b) -> bool:
+    """Whether some word of one length matches both forms (their fixed bits agree)."""
+    return a.length == b.length and any(
+        not ((ea.match ^ eb.match) & ea.mask & eb.mask)
+        for ea in a.encodings for eb in b.encodings)
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).lower()
+
+
+def _any(bits):
+    bits = list(bits)
+    return Cat(*bits).any() if bits else Const(0, 1)
+
+
+def _or(values):
+    result = Const(0, 1)
+    for v in values:
+        result = result | v
+    return result
+
+
+def _select(one_hot, constants):
+    """The constant at the set bit of ``one_hot`` (0 when none is set)."""
+    width = max(1, max(constants).bit_length())
+    return _or(Mux(one_hot[k], Const(c, width), 0) for k, c in enumerate(constants) if c)
+
+
+def _extract(word, pieces):
+    value = Const(0, 1)
+    for p in pieces:
+        value = value | (word[p.instruction_lsb:p.instruction_lsb + p.width] << p.value_lsb)
+    return value
+
+
+def _table_lookup(allowed, index, width):
+    """Whether ``index`` (``width`` bits) is in the set ``allowed``: one constant bit table."""
+    table = sum(1 << v for v in allowed if v < 1 << width)
+    return Const(table, 1 << width).bit_select(index, 1)
+
+
+def _constraints_hold(word, form):
+    """Whether every catalog constraint of ``form`` holds for ``word`` (combinational)."""
+    terms = []
+    for c in form.constraints:
+        f = form.field(c.field)
+        value = _extract(word, f.pieces)
+        if f.width <= 8:
+            allowed = [v for v in range(1 << f.width) if c.holds(v)]
+            if len(allowed) < 1 << f.width:
+                terms.append(_table_lookup(allowed, value, f.width))
+        elif c.op == "one-of":
+            terms.append(_any(value == v for v in c.values))
+        else:
+            terms.append(~_any(value == v for v in c.values))
+    return Cat(*terms).all() if terms else Const(1, 1)
+
+
+class _State(enum.Enum, shape=2):
+    """Where the bundle state machine is between instructions (the model's DecoderState)."""
+    IDLE = 0    # no bundle open
+    OPEN = 1    # a CUBE or TIMG2COL bundle is collecting its header
+    SKIP = 2    # after a fault: discard up to and including the next stop
+
+
+def _decoded_layout(index_width):
+    """One decoded instruction, as registered between the matcher and the state machine."""
+    return data.StructLayout({
+        "index": index_width,
+        # What the instruction is (at most one of these is set, except ``start``, which
+        # accompanies ``open_matrix``, ``open_timg2col``, ``hole`` and the other starts).
+        "end": 1,              # end of the stream (no instruction)
+        "illegal": 1,          # no form matches, or a constraint fails
+        "start": 1,            # any bundle start (a boundary)
+        "open_matrix": 1,      # one of the twelve CUBE starts
+        "open_timg2col": 1,    # BSTART.TEPL Mode 3 Function 4
+        "hole": 1,             # BSTART.TEPL with an unassigned selector
+        "other_start": 1,      # a legal start of a bundle this unit does not execute
+        "indirect": 1,         # a start whose transfer reads the retiring bundle's BPCN
+        "stop": 1,
+        "other_cmd": 1,        # a command form this unit does not execute
+        "zero": 1,             # B.IOT/B.IOS with PEMode 0: a strict no-op
+        "catr": 1, "hint": 1, "datr": 1, "fpatr": 1, "dim": 1, "iot": 1, "ios": 1, "ior": 1,
+        # Operands.
+        "op": Operation,
+        "dtype": 5,            # start AType or B.DATR DataType
+        "datr_f": DatrLayout,
+        "fpatr_f": FpatrLayout,
+        "fpatr_bad": 1,        # the B.FPATR fields break a consistency rule
+        "lb_onehot": 3,        # the LB register a B.DIM/C.B.DIMI writes, with the value
+        "dim_gpr": 16,         # the GPR port's value, used when
+        "dim_reads_gpr": 1,    # the instruction is a B.DIM with RegSrc != 0; plus
+        "dim_imm": 16,         # uimm17 (B.DIM; bit 16 cannot reach the 16-bit sum) or imm8
+        "src0": 6, "src1": 6, "has_src0": 1, "has_src1": 1, "has_dst": 1,
+        "dst_hand": 2, "size_code": 4, "last": 1, "mask": 4,
+        "tid": 8,
+        "duplicate": 1,        # the SharedTID is already bound in the bundle
+        "ior_f": IorLayout,
+        "dr": 1,
+        "trap": 1,
+    })
+
+
+_MATCHED_FIELDS = (
+    "DataType", "Mode", "Function",
+    "CMode", "PadValueOrByteId", "Sat", "Canonicalize", "RMode", "Layout",
+    "PreQuantMode", "ReluMode", "GroupNCode", "RowMaxEn", "GroupMaxEn", "RowMaxInit",
+    "MaxAbsEn", "TransA", "TransB",
+    "uimm17", "LoopNest", "imm8",
+    "SrcTile0", "SrcTile1", "L", "SizeCode", "PEMode", "DstTile", "SharedTID",
+    "RegSrc0", "RegSrc1", "RegSrc2", "RegDst", "DR", "trap", "BrType",
+)
+
+
+class BundleDecoder(wiring.Component):
+    """Decode a parcel stream into bundle records, exactly as the golden model does.
+
+    Parameters
+    ----------
+    config : CubeConfig
+        ``max_local_sources``, ``max_destinations``, ``max_shared`` size the descriptor's
+        lists and ``max_iot_words`` bounds the effective B.IOT words.  The defaults are the
+        spec's own limits; a smaller bound is an implementation limit reported as a fault
+        (``docs/decisions/hdl-decoder.md``), never a truncation.
+    parcels_per_beat : int
+        Parcels per input beat; 2 (the default) sustains one 16/32-bit instruction per cycle.
+    index_width : int
+        Width of the instruction indices (counted modulo ``2**index_width``).
+    checks : None, ``"contract"`` or ``"all"``
+        Add ``Assert`` statements for formal verification and simulation (see
+        :meth:`_add_checks`); none by default.
+
+    Members
+    -------
+    i : In(stream.Signature(ParcelBeat(parcels_per_beat)))
+        Instruction parcels in memory order.
+    o : Out(stream.Signature(RecordLayout(config, index_width)))
+        One record per completed bundle (or per rejected instruction): a descriptor, or a
+        fault class with the index of the reporting instruction.
+    gpr_index : Out(5), gpr_value : In(16), gpr_read : Out(1)
+        Read port of the scalar register file for B.DIM: ``gpr_value`` must hold the low 16
+        bits of GPR ``gpr_index`` combinationally, in the same cycle.  ``gpr_read`` marks the
+        cycle in which a B.DIM takes the value (GPR 0 reads as zero and is not read).
+
+    Latency: without stalls, the record of a bundle is on ``o`` five cycles after the beat
+    with the boundary instruction's last parcel is accepted (aligner, skid buffer, stages M,
+    D and E).  Throughput: one 16- or 32-bit instruction per cycle with two parcels per beat.
+    """
+
+    def __init__(self, config: CubeConfig = CubeConfig(), *, parcels_per_beat: int = 2,
+                 index_width: int = 32, checks=None):
+        problems = [f"{name} must be at least 1, not {getattr(config, name)}"
+                    for name in ("max_local_sources", "max_destinations", "max_shared",
+                                 "max_iot_words") if getattr(config, name) < 1]
+        if index_width < 1:
+            problems.append(f"index_width must be positive, not {index_width}")
+        if checks not in (None, "contract", "all"):
+            problems.append(f"checks must be None, 'contract' or 'all', not {checks!r}")
+        if problems:
+            self._MustUse__silence = True       # no "created but never used" warning
+            raise ValueError("; ".join(problems))
+        self.config = config
+        self.parcels_per_beat = parcels_per_beat
+        self.index_width = index_width
+        self.checks = checks
+        self.record_layout = RecordLayout(config, index_width)
+        super().__init__({
+            "i": In(stream.Signature(ParcelBeat(parcels_per_beat))),
+            "o": Out(stream.Signature(self.record_layout)),
+            "gpr_index": Out(5),
+            "gpr_value": In(16),
+            "gpr_read": Out(1),
+        })
+
+    # Thresholds of the counting rules: the model's limits, or a smaller elaborated bound.
+    @property
+    def local_limit(self):
+        return min(MAX_MATRIX_LOCAL_SOURCES, self.config.max_local_sources)
+
+    @property
+    def destination_limit(self):
+        return min(MAX_MATRIX_DESTINATIONS, self.config.max_destinations)
+
+    @property
+    def shared_limit(self):
+        return min(MAX_SHARED, self.config.max_shared)
+
+    @property
+    def iot_limit(self):
+        return min(MAX_IOT_WORDS, self.config.max_iot_words)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.aligner = aligner = ParcelAligner(self.parcels_per_beat, self.index_width)
+        wiring.connect(m, wiring.flipped(self.i), aligner.i)
+
+        # A skid buffer after the aligner, so that stalls of the later stages do not reach
+        # back into the aligner's shift logic.
+        m.submodules.fetched = fetched = SkidBuffer(aligner.o.payload.shape())
+        wiring.connect(m, aligner.o, fetched.i)
+
+        # Stage M: the matcher's per-form comparisons, registered (inside the matcher) with
+        # the instruction's index and end flag.  Stage D: the decoded instruction ``d``.
+        matcher = m.submodules.matcher = InstructionMatcher(_MATCHED_FIELDS, {
+            "op": (6, lambda f: f.operation.value if f.role is isa.Role.MATRIX_START else None),
+            "lb": (2, lambda f: isa.dim_lb_index(f) if f.role is isa.Role.DIM else None),
+            "indirect": (1, lambda f: int(f.form_id in INDIRECT_START_FORMS)),
+        }, registered=True)
+        m_valid, m_index, m_end = Signal(), Signal(self.index_width), Signal()
+        d = Signal(_decoded_layout(self.index_width))
+        d_valid = Signal()
+        consume = Signal()       # the state machine is done with ``d`` this cycle
+        d_free = ~d_valid | consume
+        m_free = ~m_valid | d_free
+        m.d.comb += [
+            fetched.o.ready.eq(m_free),
+            matcher.en.eq(m_free),
+            matcher.word.eq(fetched.o.p.word),
+            matcher.length.eq(fetched.o.p.length),
+        ]
+        with m.If(m_free):
+            m.d.sync += [m_valid.eq(fetched.o.valid), m_index.eq(fetched.o.p.index),
+                         m_end.eq(fetched.o.p.end)]
+        with m.If(d_free):
+            m.d.sync += d_valid.eq(m_valid)
+        b = _BundleRegisters(self)
+        self._decode(m, matcher, m_valid & d_free, m_index, m_end, d, b, consume)
+
+        step = self._bundle_state_machine(m, d, d_valid, consume, b)
+        if self.checks is not None:
+            self._add_checks(m, aligner, fetched, m_valid, d, d_valid, b, step)
+        return m
+
+    # -- stage D: decode ---------------------------------------------------------------
+
+    def _decode(self, m, matcher, load, index, end, out, b, consume):
+        """Turn the matcher's result into the decoded-instruction register ``out``.
+
+        ``load`` marks the cycle the instruction moves into ``out``; B.DIM reads its GPR then.
+        ``b`` are the bundle registers and ``consume`` says the state machine takes the
+        current ``out`` in this cycle: B.IOS's duplicate check is done here against the Shared
+        list as it will be when the instruction reaches the state machine.
+        """
+        role, f, has = matcher.role, matcher.fields, matcher.has
+
+        # The GPR port reads straight from the instruction bits of B.DIM's RegSrc (one
+        # placement in every B.DIM form), so the index does not wait for the match.
+        (reg_src_pieces,) = {form.field("RegSrc").pieces for form in isa.FORMS
+                             if form.role is isa.Role.DIM}
+        reg_src = _extract(matcher.stage_word, reg_src_pieces)
+        m.d.comb += [
+            self.gpr_index.eq(reg_src),
+            self.gpr_read.eq(load & ~end & matcher.legal & role[isa.Role.DIM] & (reg_src != 0)),
+        ]
+
+        selector = Cat(f["Function"], f["Mode"])
+        assigned = _table_lookup(isa.TEPL_OPERATIONS, selector, 7)
+        timg2col = selector == isa.TIMG2COL_SELECTOR
+        tepl = role[isa.Role.TEPL_START]
+        pe_mask = Array(Const(pe_mask_of_pemode(mode), 4) for mode in range(8))[f["PEMode"]]
+        binding = role[isa.Role.IOT] | role[isa.Role.IOS]
+        zero = binding & (f["PEMode"] == 0)
+        legal = ~end & matcher.legal
+        # B.FPATR field consistency (Fault_TileLegality at the B.FPATR) needs no state.
+        fpatr_bad = ((f["RowMaxInit"] & ~f["RowMaxEn"]) |
+                     (f["GroupMaxEn"] != (f["GroupNCode"] != 0)) |
+                     (f["MaxAbsEn"] & ~(f["RowMaxEn"] | f["GroupMaxEn"])))
+
+        # The SharedTID bits of B.IOS (its only form), compared before the match is known.
+        (tid_pieces,) = {form.field("SharedTID").pieces for form in isa.FORMS
+                         if form.role is isa.Role.IOS}
+        tid = _extract(matcher.stage_word, tid_pieces)
+        stored = _any(valid & (slot == tid) for valid, slot in zip(b.shared_valid, b.shared))
+        # The list changes under the instruction the state machine takes now: a start
+        # clears it, a B.IOS appends to it.
+        opening = consume & (out.open_matrix | out.open_timg2col)
+        appended = consume & out.ios & (out.tid == tid)
+        duplicate = ~opening & (stored | appended)
+
+        with m.If(load):
+            m.d.sync += [
+                out.index.eq(index),
+                out.duplicate.eq(duplicate),
+                out.end.eq(end),
+                out.illegal.eq(~end & ~matcher.legal),
+                out.start.eq(legal & (role[isa.Role.MATRIX_START] | tepl |
+                                      role[isa.Role.OTHER_START] | role[isa.Role.TRACE_START])),
+                out.open_matrix.eq(legal & role[isa.Role.MATRIX_START]),
+                out.open_timg2col.eq(legal & tepl & timg2col),
+                out.hole.eq(legal & tepl & ~assigned),
+                out.indirect.eq(legal & (matcher.values["indirect"] |
+                                         (has["BrType"] &
+                                          _table_lookup(INDIRECT_BRTYPES, f["BrType"], 3)))),
+                out.other_start.eq(legal & (role[isa.Role.OTHER_START] |
+                                            role[isa.Role.TRACE_START] |
+                                            (tepl & assigned & ~timg2col))),
+                out.stop.eq(legal & role[isa.Role.STOP]),
+                out.other_cmd.eq(legal & role[isa.Role.OTHER_COMMAND]),
+                out.zero.eq(legal & zero),
+                out.catr.eq(legal & role[isa.Role.CATR]),
+                out.hint.eq(legal & role[isa.Role.HINT]),
+                out.datr.eq(legal & role[isa.Role.DATR]),
+                out.fpatr.eq(legal & role[isa.Role.FPATR]),
+                out.dim.eq(legal & (role[isa.Role.DIM] | role[isa.Role.DIMI])),
+                out.iot.eq(legal & role[isa.Role.IOT] & ~zero),
+                out.ios.eq(legal & role[isa.Role.IOS] & ~zero),
+                out.ior.eq(legal & role[isa.Role.IOR]),
+
+                out.op.eq(Mux(tepl, Operation.TIMG2COL, matcher.values["op"])),
+                out.dtype.eq(f["DataType"]),
+                out.datr_f.eq(Cat(f["Layout"], f["DataType"], f["PadValueOrByteId"], f["CMode"],
+                                  f["RMode"], f["Sat"], f["Canonicalize"])),
+                out.fpatr_f.eq(Cat(f["PreQuantMode"], f["ReluMode"], f["GroupNCode"],
+                                   f["RowMaxEn"], f["GroupMaxEn"], f["RowMaxInit"], f["MaxAbsEn"],
+                                   f["TransA"], f["TransB"])),
+                out.fpatr_bad.eq(fpatr_bad),
+                out.lb_onehot.eq(1 << Mux(role[isa.Role.DIMI], f["LoopNest"],
+                                          matcher.values["lb"])),
+                out.dim_gpr.eq(self.gpr_value),
+                out.dim_reads_gpr.eq(role[isa.Role.DIM] & (reg_src != 0)),
+                out.dim_imm.eq(Mux(role[isa.Role.DIMI], f["imm8"], f["uimm17"][:16])),
+                out.src0.eq(f["SrcTile0"]), out.has_src0.eq(has["SrcTile0"]),
+                out.src1.eq(f["SrcTile1"]), out.has_src1.eq(has["SrcTile1"]),
+                out.has_dst.eq(has["DstTile"]), out.dst_hand.eq(f["DstTile"]),
+                out.size_code.eq(f["SizeCode"]), out.last.eq(f["L"]), out.mask.eq(pe_mask),
+                out.tid.eq(f["SharedTID"]),
+                out.ior_f.eq(Cat(f["RegSrc0"], f["RegSrc1"], f["RegSrc2"], f["RegDst"])),
+                out.dr.eq(f["DR"]),
+                out.trap.eq(f["trap"]),
+            ]
+
+    # -- stage E: the bundle state machine -----------------------------------------------
+
+    def _bundle_state_machine(self, m, d, d_valid, consume, b):
+        state = Signal(_State)
+        bc, tl, ii = (FaultClass.BUNDLE_CONTROL, FaultClass.TILE_LEGALITY,
+                      FaultClass.ILLEGAL_INSTRUCTION)
+
+        # -- commit-time rules: a function of flags kept up to date by the header updates --
+        noop = b.zero_seen & ~b.iot_any & ~b.ios_any
+        commit_fault = Signal(FaultClass)
+        with m.If(~b.timg2col):
+            with m.If(b.catr_dr):
+                m.d.comb += commit_fault.eq(bc)
+            with m.Elif(noop):
+                pass
+            with m.Elif(~b.fpatr_valid):
+                m.d.comb += commit_fault.eq(bc)
+            with m.Elif(b.shared_dest | b.mask_conflict | b.local_over | b.dest_over):
+                m.d.comb += commit_fault.eq(tl)
+        with m.Else():
+            with m.If(noop):
+                pass
+            with m.Elif(b.ios_any):
+                m.d.comb += commit_fault.eq(tl)
+            with m.Elif(~b.timg2col_shape | (b.ior_valid & b.ior_extra)):
+                m.d.comb += commit_fault.eq(bc)
+        commit_noop = noop & ~(~b.timg2col & b.catr_dr)
+
+        # -- header-time rules of the instruction in ``d`` (meaningful when a bundle is open) --
+        iot_mask_differs = b.iot_any & (d.mask != b.iot_mask)
+        ios_mask_differs = b.ios_any & (d.mask != b.ios_mask)
+        dim_written = _any(d.lb_onehot[k] & b.dims[k].written for k in range(3))
+        header_fault = Signal(FaultClass)
+        with m.If(d.catr & ~b.catr_seen & d.trap):
+            m.d.comb += header_fault.eq(ii)     # implementation limit: no post-commit trap
+        with m.If((d.catr & b.catr_seen) | (d.hint & b.hint_seen) | (d.datr & b.datr_valid) |
+                  (d.dim & dim_written) | (d.ior & b.ior_valid) | (d.iot & b.terminated)):
+            m.d.comb += header_fault.eq(bc)
+        with m.If(d.fpatr):
+            with m.If(b.fpatr_valid | b.timg2col | b.ior_valid | b.iot_any | b.ios_any):
+                m.d.comb += header_fault.eq(bc)
+            with m.Elif(d.fpatr_bad):
+                m.d.comb += header_fault.eq(tl)
+        with m.If(d.iot & ~b.terminated & (iot_mask_differs | b.iot_full)):
+            m.d.comb += header_fault.eq(tl)
+        with m.If(d.ios):
+            with m.If(iot_mask_differs | ios_mask_differs):
+                m.d.comb += header_fault.eq(tl)
+            with m.Elif(d.duplicate | b.ios_full):
+                m.d.comb += header_fault.eq(bc)
+
+        # -- the step --
+        emit = Signal()                      # a record leaves with this instruction
+        emit_fault = Signal(FaultClass)
+        can_emit = ~self.o.valid | self.o.ready
+        # An unsupported start that closes a bundle completes two records (the model returns
+        # both from one step): the commit record, then Fault_IllegalInstruction at the start,
+        # which waits here for one cycle.
+        second = Signal()
+        go = d_valid & can_emit & ~second
+        m.d.comb += consume.eq(go)
+
+        def fault(code, next_state=_State.SKIP):
+            m.d.comb += [emit.eq(1), emit_fault.eq(code)]
+            m.d.sync += state.eq(next_state)
+
+        def commit(state_if_faulted):
+            m.d.comb += [emit.eq(1), emit_fault.eq(commit_fault)]
+            m.d.sync += state.eq(Mux(commit_fault == FaultClass.NONE, _State.IDLE,
+                                     state_if_faulted))
+
+        with m.If(go):
+            with m.If((state == _State.SKIP) & ~d.start & ~d.end):
+                with m.If(d.stop):
+                    m.d.sync += state.eq(_State.IDLE)
+            with m.Elif(d.end):
+                with m.If(state == _State.OPEN):
+                    fault(bc, _State.IDLE)
+                with m.Else():
+                    m.d.sync += state.eq(_State.IDLE)
+            with m.Elif(d.illegal | d.hole | d.other_cmd):
+                fault(ii)
+            with m.Elif(d.indirect):
+                # Checked before the open bundle is committed: no Standard or Floating bundle
+                # with a BPCN to read ever retires in this unit.
+                fault(bc)
+            with m.Elif(d.start):
+                with m.If(state == _State.OPEN):
+                    # A failed commit is reported at this start, which opens nothing.
+                    commit(_State.SKIP)
+                    with m.If(commit_fault == FaultClass.NONE):
+                        with m.If(d.other_start):
+                            m.d.sync += [state.eq(_State.SKIP), second.eq(1)]
+                        with m.Else():
+                            m.d.sync += state.eq(_State.OPEN)
+                with m.Elif(d.other_start):
+                    fault(ii)
+                with m.Else():
+                    m.d.sync += state.eq(_State.OPEN)
+            with m.Elif(d.stop):
+                with m.If(state == _State.OPEN):
+                    commit(_State.IDLE)        # a faulting stop is itself the boundary
+                with m.Else():
+                    fault(bc, _State.IDLE)
+            with m.Elif(d.zero):
+                pass
+            with m.Elif(state != _State.OPEN):
+                fault(bc)
+            with m.Elif(header_fault != FaultClass.NONE):
+                fault(header_fault)
+
+        # The bundle registers follow the instruction whatever the state and the checks say:
+        # a start clears them (the new bundle opens only if the state machine says so), a
+        # header command records itself (a rejected one moves to SKIP, and the registers of a
+        # bundle that is not open are never read).  This keeps the checks off their enables.
+        with m.If(go & (d.open_matrix | d.open_timg2col)):
+            b.open(m, d)
+        with m.Elif(go):
+            b.record(m, d)
+
+        # -- the output record --
+        # Registered raw: the fault code, the index and the descriptor snapshot (taken at
+        # every boundary); the record's conventions (zero descriptor in a fault record, zero
+        # index in a descriptor record) are applied combinationally at the port.
+        out_fault = Signal(FaultClass)
+        out_index = Signal(self.index_width)
+        out_bundle = Signal(self.record_layout.descriptor)
+        with m.If(go & (d.start | d.stop | d.end)):
+            m.d.sync += b.descriptor_statements(out_bundle, d.index, commit_noop)
+        with m.If(second & can_emit):
+            # ``out_index`` still holds the start's index.
+            m.d.sync += [self.o.valid.eq(1), out_fault.eq(ii), second.eq(0)]
+        with m.Elif(go):
+            m.d.sync += [self.o.valid.eq(emit), out_fault.eq(emit_fault), out_index.eq(d.index)]
+        with m.Elif(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        is_fault = out_fault != FaultClass.NONE
+        m.d.comb += [
+            self.o.p.fault.eq(out_fault),
+            self.o.p.fault_index.eq(Mux(is_fault, out_index, 0)),
+            self.o.p.bundle.eq(Mux(is_fault, 0, out_bundle)),
+        ]
+        return SimpleNamespace(state=state, go=go, emit=emit, second=second)
+
+    # -- checks (formal verification and simulation) -----------------------------------
+
+    def _add_checks(self, m, aligner, fetched, m_valid, d, d_valid, b, step):
+        """``Assert`` the decoder's output contract and, with ``checks="all"``, more.
+
+        The assertions sit in the ``sync`` domain: they check settled values at each clock
+        edge, so the simulator does not trip over transient values between delta cycles.
+
+        ``"contract"`` (true in every state the registers can hold, so k-induction proves it
+        at depth 1): every record is a descriptor or exactly one fault class - a fault record
+        has an all-zero descriptor, a descriptor record a zero index - and the output holds a
+        record until it is taken.
+
+        ``"all"`` adds what holds in the reachable states (checked from reset): descriptors are
+        well formed (a known operation, lists within the bounds, a no-op has no bindings, a
+        TIMG2COL descriptor has its one source, destination and L = 1), invariants of the
+        bundle registers, and progress: while ``o.ready`` stays high the state machine never
+        waits for its output, and a C.BSTOP that enters an empty aligner is executed within
+        ``PROGRESS_BOUND`` cycles and completes a record unless the decoder is skipping.
+        """
+        o, rec = self.o, self.o.p
+        desc = rec.bundle
+        ops = [op.value for op in Operation]
+        is_descriptor = o.valid & (rec.fault == FaultClass.NONE)
+        m.d.sync += [
+            Assert(~o.valid | (rec.fault <= FaultClass.TILE_LEGALITY), "unknown fault class"),
+            Assert(~o.valid | (rec.fault == FaultClass.NONE) | (desc.as_value() == 0),
+                   "a fault record carries a descriptor"),
+            Assert(~is_descriptor | (rec.fault_index == 0),
+                   "a descriptor record carries a fault index"),
+        ]
+        # The output holds still while it waits.
+        held = Signal()
+        held_record = Signal.like(o.payload)
+        m.d.sync += [held.eq(o.valid & ~o.ready), held_record.eq(o.payload)]
+        with m.If(held):
+            m.d.sync += Assert(o.valid & (o.payload.as_value() == held_record.as_value()),
+                               "the output record changed before it was taken")
+        if self.checks != "all":
+            return
+
+        with m.If(is_descriptor):
+            m.d.sync += [
+                Assert(_any(desc.op == v for v in ops), "unknown operation"),
+                Assert(desc.local_count <= self.local_limit, "too many Local sources"),
+                Assert(desc.dest_count <= self.destination_limit, "too many destinations"),
+                Assert(desc.shared_count <= self.shared_limit, "too many Shared sources"),
+            ]
+            with m.If(desc.noop):
+                m.d.sync += Assert((desc.local_count == 0) & (desc.dest_count == 0) &
+                                   (desc.shared_count == 0) & (desc.pe_mask == 0),
+                                   "a no-op with bindings")
+            with m.Elif(desc.op == Operation.TIMG2COL):
+                m.d.sync += Assert((desc.local_count == 1) & (desc.dest_count == 1) &
+                                   (desc.shared_count == 0) & desc.terminated,
+                                   "a TIMG2COL descriptor without its one binding")
+        # Invariants of the bundle registers (they make the checks provable by induction).
+        with m.If(step.state == _State.OPEN):
+            m.d.sync += Assert((b.shared_count <= self.shared_limit) &
+                               (b.iot_count <= self.iot_limit), "binding counts out of range")
+        m.d.sync += [
+            Assert(step.state.as_value() != 3, "unknown state"),
+            Assert(_any(d.op == v for v in ops) & _any(b.op == v for v in ops),
+                   "unknown operation inside"),
+            Assert(b.timg2col == (b.op == Operation.TIMG2COL), "TIMG2COL flag"),
+            Assert((b.local_count <= self.local_limit) &
+                   (b.dest_count <= self.destination_limit), "list counts out of range"),
+            Assert(b.iot_any | ((b.iot_count == 0) & (b.local_count == 0) &
+                                (b.dest_count == 0) & ~b.timg2col_shape),
+                   "B.IOT state without a B.IOT"),
+            Assert(b.ios_any | ((b.shared_count == 0) & ~b.shared_dest),
+                   "B.IOS state without a B.IOS"),
+            Assert(~b.timg2col_shape | ((b.iot_count == 1) & (b.local_count == 1) &
+                                        (b.dest_count == 1) & b.terminated),
+                   "TIMG2COL shape flag"),
+        ]
+
+        # Progress, while the consumer keeps ``o.ready`` high.
+        waited = Signal()
+        m.d.sync += waited.eq(d_valid & ~step.go & o.ready)
+        with m.If(waited & o.ready):
+            m.d.sync += Assert(step.go | step.second, "the state machine stalls with o.ready")
+        # Follow one C.BSTOP from the input: count the items ahead of it in the pipeline,
+        # then the state machine's steps until its own.
+        tracking = Signal()
+        ahead = Signal(range(5))
+        age = Signal(range(PROGRESS_BOUND + 1))
+        accepted_stop = (self.i.valid & self.i.ready & (self.i.p.count != 0) &
+                         (self.i.p.parcels[0] == 0) & (aligner.fill == 0) & ~aligner.ending)
+        with m.If(tracking):
+            # The C.BSTOP is still in the pipeline behind ``ahead`` items.
+            m.d.sync += Assert(ahead < fetched.level + m_valid + d_valid + (aligner.fill != 0),
+                               "the tracked C.BSTOP is lost")
+        with m.If(~o.ready):
+            m.d.sync += tracking.eq(0)
+        with m.Elif(tracking):
+            m.d.sync += age.eq(age + 1)
+            m.d.sync += Assert(age < PROGRESS_BOUND, "a C.BSTOP waits too long")
+            with m.If(step.go):
+                with m.If(ahead == 0):
+                    m.d.sync += Assert(d.stop & (step.emit == (step.state != _State.SKIP)),
+                                       "a C.BSTOP executed without its record")
+                    m.d.sync += tracking.eq(0)
+                with m.Else():
+                    m.d.sync += ahead.eq(ahead - 1)
+        with m.Elif(accepted_stop):
+            # Items ahead: those in the pipeline, less the one the state machine takes now.
+            m.d.sync += [tracking.eq(1), age.eq(0),
+                         ahead.eq(fetched.level + m_valid + d_valid - step.go)]
+
+
+class _BundleRegisters:
+    """The header state of the open bundle (the model's ``_OpenBundle``) as registers.
+
+    Besides the descriptor's fields it keeps flags that the header and commit rules test, so
+    that no rule has to compare counts: ``iot_any``/``ios_any`` (an effective B.IOT/B.IOS
+    was recorded), ``iot_full``/``ios_full`` (the next one is over the limit), ``local_over``
+    / ``dest_over`` (more sources/destinations than a Matrix bundle takes), ``mask_conflict``
+    (a B.IOT mask differs from an earlier B.IOS mask), ``timg2col_shape`` (the B.IOT words so
+    far are exactly one word with one source, a destination and L = 1) and ``ior_extra``
+    (B.IOR RegSrc2 or RegDst is nonzero).
+    """
+
+    def __init__(self, decoder: "BundleDecoder"):
+        cfg, index_width = decoder.config, decoder.index_width
+        self.local_limit = decoder.local_limit
+        self.destination_limit = decoder.destination_limit
+        self.shared_limit = decoder.shared_limit
+        self.iot_limit = decoder.iot_limit
+        self.op = Signal(Operation)
+        self.timg2col = Signal()
+        self.a_type = Signal(5)
+        self.start_index = Signal(index_width)
+        self.datr_valid, self.datr = Signal(), Signal(DatrLayout)
+        self.fpatr_valid, self.fpatr = Signal(), Signal(FpatrLayout)
+        self.catr_seen, self.catr_dr, self.hint_seen = Signal(), Signal(), Signal()
+        self.dims = [Signal(DimLayout, name=f"dim{k}", init={"value": 1}) for k in range(3)]
+        self.local = [Signal(6, name=f"local{k}") for k in range(cfg.max_local_sources)]
+        self.local_count = Signal(range(cfg.max_local_sources + 1))
+        self.local_over = Signal()
+        self.dests = [Signal(DestinationLayout, name=f"dest{k}")
+                      for k in range(cfg.max_destinations)]
+        self.dest_count = Signal(range(cfg.max_destinations + 1))
+        self.dest_over = Signal()
+        self.shared = [Signal(8, name=f"shared{k}") for k in range(cfg.max_shared)]
+        self.shared_valid = [Signal(name=f"shared_valid{k}") for k in range(cfg.max_shared)]
+        self.shared_count = Signal(range(cfg.max_shared + 1))
+        self.shared_dest = Signal()       # a B.IOS with a nonzero SizeCode (Shared destination)
+        self.iot_count = Signal(range(decoder.iot_limit + 1))
+        self.iot_any, self.iot_full = Signal(), Signal()
+        self.ios_any, self.ios_full = Signal(), Signal()
+        self.iot_mask, self.ios_mask = Signal(4), Signal(4)
+        self.mask_conflict = Signal()
+        self.terminated = Signal()
+        self.timg2col_shape = Signal()
+        self.ior_valid, self.ior = Signal(), Signal(IorLayout)
+        self.ior_extra = Signal()
+        self.zero_seen = Signal()
+
+    def open(self, m, d):
+        """Start a new bundle for the start instruction ``d`` (every field cleared)."""
+        m.d.sync += [
+            self.op.eq(d.op), self.timg2col.eq(d.open_timg2col), self.a_type.eq(d.dtype),
+            self.start_index.eq(d.index),
+            self.datr_valid.eq(0), self.datr.eq(0), self.fpatr_valid.eq(0), self.fpatr.eq(0),
+            self.catr_seen.eq(0), self.catr_dr.eq(0), self.hint_seen.eq(0),
+            self.local_count.eq(0), self.local_over.eq(0), self.dest_count.eq(0),
+            self.dest_over.eq(0), self.shared_count.eq(0), self.shared_dest.eq(0),
+            self.iot_count.eq(0), self.iot_any.eq(0), self.iot_full.eq(0),
+            self.ios_any.eq(0), self.ios_full.eq(0), self.iot_mask.eq(0), self.ios_mask.eq(0),
+            self.mask_conflict.eq(0), self.terminated.eq(0), self.timg2col_shape.eq(0),
+            self.ior_valid.eq(0), self.ior.eq(0), self.ior_extra.eq(0), self.zero_seen.eq(0),
+        ]
+        m.d.sync += [dim.eq(DimLayout.const({"value": 1})) for dim in self.dims]
+        m.d.sync += [sig.eq(0) for sig in self.local + self.dests + self.shared +
+                     self.shared_valid]
+
+    def record(self, m, d):
+        """Record the header command ``d``."""
+        with m.If(d.zero):
+            m.d.sync += self.zero_seen.eq(1)
+        with m.If(d.catr):
+            m.d.sync += [self.catr_seen.eq(1), self.catr_dr.eq(d.dr)]
+        with m.If(d.hint):
+            m.d.sync += self.hint_seen.eq(1)
+        with m.If(d.datr):
+            m.d.sync += [self.datr_valid.eq(1), self.datr.eq(d.datr_f)]
+        with m.If(d.fpatr):
+            m.d.sync += [self.fpatr_valid.eq(1), self.fpatr.eq(d.fpatr_f)]
+        with m.If(d.dim):
+            for k, dim in enumerate(self.dims):
+                with m.If(d.lb_onehot[k]):
+                    gpr = Mux(d.dim_reads_gpr, d.dim_gpr, 0)
+                    m.d.sync += [dim.value.eq(gpr + d.dim_imm), dim.written.eq(1)]
+        with m.If(d.iot):
+            self._record_iot(m, d)
+        with m.If(d.ios):
+            for k, (slot, valid) in enumerate(zip(self.shared, self.shared_valid)):
+                with m.If(self.shared_count == k):
+                    m.d.sync += [slot.eq(d.tid), valid.eq(1)]
+            count = self.shared_count + 1
+            m.d.sync += [self.shared_count.eq(count), self.ios_any.eq(1),
+                         self.ios_mask.eq(d.mask), self.ios_full.eq(count >= self.shared_limit)]
+            with m.If(d.size_code != 0):
+                m.d.sync += self.shared_dest.eq(1)
+        with m.If(d.ior):
+            m.d.sync += [self.ior_valid.eq(1), self.ior.eq(d.ior_f),
+                         self.ior_extra.eq((d.ior_f.reg_src2 != 0) | (d.ior_f.reg_dst != 0))]
+
+    def _record_iot(self, m, d):
+        # Sources append in stream order (SrcTile0, then SrcTile1), destinations likewise;
+        # past the list sizes only the overflow flags change.
+        for k, slot in enumerate(self.local):
+            with m.If(d.has_src0 & (self.local_count == k)):
+                m.d.sync += slot.eq(d.src0)
+            with m.If(d.has_src1 & (self.local_count + 1 == k)):
+                m.d.sync += slot.eq(d.src1)
+        local = self.local_count + d.has_src0 + d.has_src1
+        with m.If(local > self.local_limit):
+            m.d.sync += self.local_over.eq(1)
+        with m.Else():
+            m.d.sync += self.local_count.eq(local)
+        with m.If(d.has_dst):
+            for k, slot in enumerate(self.dests):
+                with m.If(self.dest_count == k):
+                    m.d.sync += [slot.hand.eq(d.dst_hand), slot.size_code.eq(d.size_code)]
+            with m.If(self.dest_count == self.destination_limit):
+                m.d.sync += self.dest_over.eq(1)
+            with m.Else():
+                m.d.sync += self.dest_count.eq(self.dest_count + 1)
+        count = self.iot_count + 1
+        m.d.sync += [
+            self.iot_count.eq(count), self.iot_any.eq(1),
+            self.iot_full.eq(count >= self.iot_limit),
+            self.iot_mask.eq(d.mask), self.terminated.eq(d.last),
+            self.timg2col_shape.eq(~self.iot_any & d.has_src0 & ~d.has_src1 & d.has_dst &
+                                   d.last),
+        ]
+        with m.If(self.ios_any & (d.mask != self.ios_mask)):
+            m.d.sync += self.mask_conflict.eq(1)
+
+    def descriptor_statements(self, desc, boundary_index, noop):
+        """Assignments of the open bundle's descriptor to ``desc`` (a DescriptorLayout view)."""
+        yield from [
+            desc.op.eq(self.op),
+            desc.a_type.eq(self.a_type),
+            desc.b_type.eq(Mux(self.datr_valid & (self.datr.dtype != DTYPE_NONE),
+                               self.datr.dtype, self.a_type)),
+            desc.start_index.eq(self.start_index),
+            desc.boundary_index.eq(boundary_index),
+            desc.datr_valid.eq(self.datr_valid), desc.datr.eq(self.datr),
+            desc.fpatr_valid.eq(self.fpatr_valid), desc.fpatr.eq(self.fpatr),
+            desc.local_count.eq(self.local_count),
+            desc.dest_count.eq(self.dest_count),
+            desc.shared_count.eq(self.shared_count),
+            desc.terminated.eq(self.terminated),
+            desc.ior_valid.eq(self.ior_valid), desc.ior.eq(self.ior),
+            desc.pe_mask.eq(Mux(self.iot_any, self.iot_mask,
+                                Mux(self.ios_any, self.ios_mask, 0))),
+            desc.catr_dr.eq(self.catr_dr),
+            desc.noop.eq(noop),
+        ]
+        for k in range(3):
+            yield desc.dims[k].eq(self.dims[k])
+        for k, sig in enumerate(self.local):
+            yield desc.local_sources[k].eq(sig)
+        for k, sig in enumerate(self.dests):
+            yield desc.destinations[k].eq(sig)
+        for k, sig in enumerate(self.shared):
+            yield desc.shared_sources[k].eq(sig)
