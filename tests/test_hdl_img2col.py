@@ -44,8 +44,8 @@ from ptocube.sim.bench_img2col import bench_img2col
 
 from test_img2col import (EXAMPLE1, EXAMPLE1_RESULT, EXAMPLE1_SOURCE, EXAMPLE2, EXAMPLE2_RESULT,
                           EXAMPLE2_SOURCE, EXAMPLE3, EXAMPLE3_RESULT, EXAMPLE3_SOURCE,
-                          EXAMPLE3_WINDOW, random_descriptor, random_window, source,
-                          tile_elements)
+                          EXAMPLE3_WINDOW, random_descriptor, random_source, random_window,
+                          source)
 
 NC1HWC0, NDC1HWC0 = FeatureMapLayout.NC1HWC0, FeatureMapLayout.NDC1HWC0
 IMG2COL_TYPES = sorted(TIMG2COL_TYPES)
@@ -722,16 +722,7 @@ def test_engine_reaches_every_fault_check():
 def random_job(rng, dtype):
     """A random job: legal most of the time, sometimes broken in one of many ways."""
     fm, shape = random_descriptor(rng)
-    cols = 1 << int(rng.integers(0, 5))
-    row_bytes = cols * dtype.bits // 8
-    rows_needed = -(-fm.physical_elements // cols)
-    capacity = -(-rows_needed * row_bytes // 128) * 128 + 128 * int(rng.integers(0, 2))
-    while capacity % row_bytes:
-        capacity += 128
-    elements = tile_elements(dtype, capacity, cols)
-    raw = rng.integers(0, 1 << dtype.bits, size=elements, dtype=np.uint64)
-    defined = (np.ones(elements, dtype=bool) if rng.random() < 0.7
-               else rng.random(elements) < 0.95)
+    raw, defined = random_source(rng, fm, dtype, 0.7, 0.95)
     valid_row, valid_col, pos_m, pos_k = random_window(rng, shape)
     code, dst_cols = smallest_destination(dtype, valid_row, valid_col)
     if rng.random() < 0.3:

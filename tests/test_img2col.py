@@ -385,9 +385,12 @@ def random_window(rng, shape, max_rows=10, max_cols=14):
     return valid_row, valid_col, pos_m, pos_k
 
 
-def check_random_case(rng, dtype):
-    fm, shape = random_descriptor(rng)
-    # The smallest row-major source tile that holds the map, sometimes one CELL more.
+def random_source(rng, fm, dtype, all_defined, defined_share):
+    """Random payload and definedness of the smallest row-major tile holding ``fm``.
+
+    The tile sometimes gets one CELL more; with probability ``all_defined`` every
+    element is defined, otherwise each one is with probability ``defined_share``.
+    """
     cols = 1 << int(rng.integers(0, 5))
     row_bytes = cols * dtype.bits // 8
     rows_needed = -(-fm.physical_elements // cols)
@@ -395,9 +398,15 @@ def check_random_case(rng, dtype):
     while capacity % row_bytes:
         capacity += 128
     elements = tile_elements(dtype, capacity, cols)
-    src = rng.integers(0, 1 << dtype.bits, size=elements, dtype=np.uint64)
-    defined = (np.ones(elements, dtype=bool) if rng.random() < 0.6
-               else rng.random(elements) < 0.9)
+    raw = rng.integers(0, 1 << dtype.bits, size=elements, dtype=np.uint64)
+    defined = (np.ones(elements, dtype=bool) if rng.random() < all_defined
+               else rng.random(elements) < defined_share)
+    return raw, defined
+
+
+def check_random_case(rng, dtype):
+    fm, shape = random_descriptor(rng)
+    src, defined = random_source(rng, fm, dtype, 0.6, 0.9)
     window = random_window(rng, shape)
     expected = reference_img2col(src, defined, fm, dtype.bits, *window)
     if expected is None:
