@@ -22,6 +22,7 @@ class CubeConfig:
     mx_types:          build MX scaling (E8M0 scales; requires float_types).
     fma_stages:        pipeline depth of the FP32 FMA; hidden by interleaving outputs per PE.
     tile_bytes_per_pe: payload memory of the Local tile store for each of the four PEs.
+    shared_bytes:      payload memory of the Shared tiles S0..S255 (all of them together).
     max_local_sources, max_destinations, max_shared, max_iot_words:
                        decoder bounds; the defaults are spec-complete for Matrix bundles.
     """
@@ -33,6 +34,7 @@ class CubeConfig:
     mx_types: bool = True
     fma_stages: int = 3
     tile_bytes_per_pe: int = 64 * 1024
+    shared_bytes: int = 64 * 1024
     max_local_sources: int = 8
     max_destinations: int = 3
     max_shared: int = 4
@@ -45,7 +47,7 @@ class CubeConfig:
             raise ValueError("a build must support at least one numeric type class")
         if self.mx_types and not self.float_types:
             raise ValueError("MX scaling needs the floating-point path (float_types=True)")
-        if self.tile_bytes_per_pe % 128:
+        if self.tile_bytes_per_pe % 128 or self.shared_bytes % 128:
             raise ValueError("the tile store holds whole 128-byte CELLs")
 
     def with_(self, **changes) -> "CubeConfig":
@@ -58,12 +60,13 @@ PRESETS = {
     "sim-small": CubeConfig(rows=4, cols=4),
     # Integer-only 8x8 array for the ECP5-85F, using its DSP multipliers.
     "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
-                            tile_bytes_per_pe=16 * 1024),
+                            tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # All type classes on a smaller array that fits the ECP5-85F.
-    "ecp5-full": CubeConfig(rows=4, cols=4, tile_bytes_per_pe=16 * 1024),
+    "ecp5-full": CubeConfig(rows=4, cols=4, tile_bytes_per_pe=16 * 1024,
+                            shared_bytes=16 * 1024),
     # Integer-only 2x2 array that fits the iCE40 UP5K.
     "ice40-tiny": CubeConfig(rows=2, cols=2, float_types=False, mx_types=False,
-                             tile_bytes_per_pe=2 * 1024),
+                             tile_bytes_per_pe=2 * 1024, shared_bytes=2 * 1024),
 }
 
 
