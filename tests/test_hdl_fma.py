@@ -25,11 +25,11 @@ from ptocube.hdl.fma import Fma32
 from ptocube.hdl.input_decoder import InputDecoder
 from ptocube.hdl.int_mac import IntMac
 from ptocube.hdl.numeric_types import FLOAT_FORMATS, NumericConfig
-from ptocube.model.datatype import DataType, MX_MATRIX_TYPES, MX_SCALED_TYPES
+from ptocube.model.datatype import DataType, MX_MATRIX_TYPES
 from ptocube.model.numeric import decode, f32_to_bits, fma_f32
 
-from test_hdl_input_decoder import (Flat, construction_error, operand_values, simulate,
-                                    special_heavy_raws, unused)
+from hdl_numeric_helpers import (Flat, construction_error, operand_values, simulate,
+                                 special_heavy_raws, unused)
 
 CANONICAL_NAN = 0x7FC00000
 FLOAT_TYPES = sorted(FLOAT_FORMATS)

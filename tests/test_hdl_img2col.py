@@ -42,7 +42,7 @@ from ptocube.model.preflight import preflight
 from ptocube.model.state import Location, State, Tile
 from ptocube.sim.bench_img2col import bench_img2col
 
-from test_img2col import (EXAMPLE1, EXAMPLE1_RESULT, EXAMPLE1_SOURCE, EXAMPLE2, EXAMPLE2_RESULT,
+from img2col_cases import (EXAMPLE1, EXAMPLE1_RESULT, EXAMPLE1_SOURCE, EXAMPLE2, EXAMPLE2_RESULT,
                           EXAMPLE2_SOURCE, EXAMPLE3, EXAMPLE3_RESULT, EXAMPLE3_SOURCE,
                           EXAMPLE3_WINDOW, random_descriptor, random_source, random_window,
                           source)

@@ -58,8 +58,8 @@ from ptocube.model.scenario import load_scenario
 from ptocube.model.state import PE_COUNT, Location, SharedTile, State, pes_of_mask, popcount
 
 from model_helpers import make_state, matrix_bundle, tile
-from test_img2col import random_descriptor
-from test_preflight import CASES as FAULT_VECTORS
+from img2col_cases import random_descriptor
+from fault_vectors import CASES as FAULT_VECTORS
 
 CONFIG = CubeConfig()
 TL, TA = FaultClass.TILE_LEGALITY, FaultClass.TILE_ALLOCATION

@@ -31,7 +31,7 @@ from ptocube.model.postprocess import (
     shift_s32_to_s16, vector_param_sources)
 
 # The exact reference encoders live with the encoder tests (pytest puts tests/ on sys.path).
-from test_convert import ref_encode, ref_int, ref_round
+from encode_reference import ref_encode, ref_int, ref_round
 
 NV, OF, UF, NX = int(Flag.NV), int(Flag.OF), int(Flag.UF), int(Flag.NX)
 TL, II = FaultClass.TILE_LEGALITY, FaultClass.ILLEGAL_INSTRUCTION
