@@ -6,14 +6,17 @@ design and ``docs/decisions/hdl-decoder.md`` the choices it makes.  A pipeline t
 instruction per cycle:
 
 1. :class:`ParcelAligner` buffers parcels and presents the next whole instruction (length from
-   its first parcel, ruling R15); a :class:`SkidBuffer` registers it.
+   its first parcel, ruling R15); a :class:`SkidBuffer` registers it.  B.DIM reads its GPR
+   as it leaves the skid buffer.
 2. Stage M: :class:`InstructionMatcher` compares it with every form of the ISA table of
    :mod:`ptocube.model.isa` (logic generated from the table's masks, matches, field pieces and
    constraints) and registers the results.
-3. Stage D: the winning form's role and fields become the decoded instruction register; B.DIM
-   reads its GPR here.
+3. Stage D: the winning form's role and fields become the decoded instruction register, with
+   the header checks that compare against the open bundle's masks and Shared list.
 4. Stage E: the bundle state machine applies the header and commit rules (as the model does)
-   and registers the record of a completed bundle, the output stream's payload.
+   and registers the record of a completed bundle, the output stream's payload.  A record
+   that a start ended waits for the consumer's verdict; ``squash`` drops the bundle that
+   start opened (the model's ``squash()``).
 """
 
 from types import SimpleNamespace
@@ -37,7 +40,7 @@ __all__ = ["ParcelBeat", "ParcelAligner", "SkidBuffer", "InstructionMatcher", "B
 
 #: With ``o.ready`` held high, a C.BSTOP that enters an empty aligner is executed within this
 #: many cycles (checked by the formal proof).
-PROGRESS_BOUND = 8
+PROGRESS_BOUND = 9
 
 
 def ParcelBeat(parcels_per_beat: int = 2) -> data.StructLayout:
@@ -46,7 +49,8 @@ def ParcelBeat(parcels_per_beat: int = 2) -> data.StructLayout:
     ``parcels[0 .. count-1]`` are the next parcels in memory order (little-endian 16-bit
     units, ruling R15).  ``last`` ends the instruction stream after them: the decoder then
     reports a bundle left open (as the model's ``finish``), returns to its idle state and
-    numbers the next instruction 0.  A beat may carry no parcels (``count == 0``).
+    numbers the next instruction 0.  A beat may carry no parcels (``count == 0``); a count
+    above ``parcels_per_beat`` (which the field can encode) is taken as ``parcels_per_beat``.
     """
     return data.StructLayout({
         "parcels": data.ArrayLayout(16, parcels_per_beat),
@@ -64,15 +68,19 @@ def _length_code(first_parcel):
 class ParcelAligner(wiring.Component):
     """Turn a stream of parcel beats into a stream of whole instructions.
 
-    A shift buffer holds up to ``capacity`` parcels, the oldest in slot 0.  The head
-    instruction leaves when all its parcels are present (its length comes from its first
-    parcel, ruling R15).  After a beat with ``last`` the aligner takes no more input until the
-    stream's parcels have left, followed by an ``end`` item; parcels of an instruction that
-    the end cuts short are dropped (the model rejects such a stream).
+    A shift buffer holds up to ``capacity`` parcels, the oldest in slot 0, and at most two
+    parcels leave it per cycle.  A 16- or 32-bit head instruction leaves in one step when all
+    its parcels are present (its length comes from its first parcel, ruling R15).  A 48- or
+    64-bit one takes two: its first two parcels move into a holding register (``part``), and
+    the instruction leaves with its remaining one or two parcels.  So the shift logic only
+    chooses among three shifts, whatever the instruction lengths.  After a beat with ``last``
+    the aligner takes no more input until the stream's parcels have left, followed by an
+    ``end`` item; parcels of an instruction that the end cuts short are dropped (the model
+    rejects such a stream).
 
-    ``i.ready`` is a function of registers only.  With ``capacity = parcels_per_beat + 3``
-    (at least 4) two parcels stay buffered while 32-bit instructions flow, so one 16- or
-    32-bit instruction leaves per cycle when ``parcels_per_beat >= 2``.
+    ``i.ready`` is a function of registers only.  With ``capacity = parcels_per_beat + 3`` (at
+    least 4) one 16- or 32-bit instruction leaves per cycle when ``parcels_per_beat >= 2``; a
+    48- or 64-bit one every second cycle.
 
     Members
     -------
@@ -84,7 +92,8 @@ class ParcelAligner(wiring.Component):
 
     Attributes
     ----------
-    fill : Signal, read-only -- parcels held.
+    fill : Signal, read-only -- parcels held in the shift buffer.
+    part : Signal, read-only -- the first half of a 48/64-bit instruction is held.
     ending : Signal, read-only -- the stream's last beat is in and its end has not left.
     """
 
@@ -94,6 +103,7 @@ class ParcelAligner(wiring.Component):
         self.parcels_per_beat = parcels_per_beat
         self.capacity = max(4, parcels_per_beat + 3)
         self.fill = Signal(range(self.capacity + 1))
+        self.part = Signal()
         self.ending = Signal()
         super().__init__({
             "i": In(stream.Signature(ParcelBeat(parcels_per_beat))),
@@ -108,52 +118,96 @@ class ParcelAligner(wiring.Component):
         # head of an instruction (computed as it enters), so the head's length is a register.
         parcel = [Signal(16, name=f"parcel{k}") for k in range(cap)]
         code = [Signal(2, name=f"code{k}") for k in range(cap)]
-        fill = self.fill
-        ending = self.ending      # the stream's last beat is in: the end follows the parcels
+        part, ending = self.part, self.ending
+        first = Signal(32)              # the first two parcels of a 48/64-bit instruction
+        first_code = Signal(2)          # and its length code
+        # The fill level as a thermometer code (``level[n - 1]``: at least n parcels), so that
+        # every comparison with it is one bit.
+        level = Signal(cap)
 
-        length = code[0]
-        end_item = ending & (fill == 0)
-        m.d.comb += [
-            self.o.valid.eq((fill > length) | end_item),
-            self.o.p.word.eq(Cat(*parcel[:4])),
-            self.o.p.length.eq(length),
-            self.o.p.end.eq(end_item),
-            self.i.ready.eq((fill <= cap - per_beat) & ~ending),
-        ]
-        take = self.o.valid & self.o.ready
+        def at_least(n):
+            return Const(1) if n <= 0 else Const(0) if n > cap else level[n - 1]
+
+        def exactly(n):
+            return at_least(n) & ~at_least(n + 1)
+
+        m.d.comb += self.fill.eq(_select(Cat(exactly(n) for n in range(1, cap + 1)),
+                                         range(1, cap + 1)))
+
+        head = code[0]
+        has1, has2 = at_least(1), at_least(2)
+        # Whether the buffer holds the rest of the instruction: all of a 16/32-bit head, or the
+        # one (48-bit) or two (64-bit) parcels after a held first half.
+        rest_two = Mux(part, first_code[0], head[0])
+        complete = Mux(rest_two, has2, has1)
+        short = ~head[1]
+        ready_item = complete & (part | short)
+        end_item = ending & ~has1 & ~part
+        m.d.comb += self.i.ready.eq(~at_least(cap - per_beat + 1) & ~ending)
+        # The output is a register, so the consumer's handshake stays out of the shift logic.
+        emit = ~self.o.valid | self.o.ready
+        index = Signal.like(self.o.p.index)
+        with m.If(emit):
+            m.d.sync += [
+                self.o.valid.eq(ready_item | end_item),
+                self.o.p.word.eq(Cat(Mux(part, first, Cat(parcel[0], parcel[1])),
+                                     parcel[0], parcel[1])),
+                self.o.p.length.eq(Mux(part, first_code, head)),
+                self.o.p.end.eq(end_item),
+                self.o.p.index.eq(index),
+            ]
+        take = (ready_item | end_item) & emit
         with m.If(take):
-            m.d.sync += self.o.p.index.eq(Mux(end_item, 0, self.o.p.index + 1))
+            m.d.sync += index.eq(Mux(end_item, 0, index + 1))
+        instruction = ready_item & emit
+        # The first half of a long head moves out whenever it is there.
+        hold = ~part & ~short & has2
+        # The stream ended inside the head instruction: its parcels are dropped (the buffer is
+        # emptied, whatever the shift logic does).
+        cut = ending & ~Mux(part | short, complete, has2) & (part | has1)
         # How many parcels leave, one-hot: ``leave[c]`` for c parcels.
-        leave = Signal(5)
-        m.d.comb += leave.eq(Mux(take & ~end_item, 1 << (length + 1), 1))
+        leave = Signal(3)
+        two = (instruction & rest_two) | hold
+        one = instruction & ~rest_two
+        m.d.comb += leave.eq(Cat(~one & ~two, one, two))
 
         accept = self.i.valid & self.i.ready
-        taken = Mux(accept, self.i.p.count, 0)
         with m.If(accept & self.i.p.last):
             m.d.sync += ending.eq(1)
         with m.If(take & end_item):
             m.d.sync += ending.eq(0)
-        with m.If(ending & (fill != 0) & (fill <= length)):
-            # The stream ended inside the head instruction: drop its parcels.
-            m.d.sync += fill.eq(0)
-        with m.Else():
-            m.d.sync += fill.eq(fill - _select(leave, range(5)) + taken)
+        with m.If(hold):
+            m.d.sync += [first.eq(Cat(parcel[0], parcel[1])), first_code.eq(head), part.eq(1)]
+        with m.If(instruction | cut):
+            m.d.sync += part.eq(0)
+
+        # The next fill level for each number of leaving parcels is prepared from the level
+        # and the input alone; the late ``leave`` only picks one.
+        # A count above ``parcels_per_beat`` (outside the beat's contract) counts as a full beat.
+        arrive = [accept & (self.i.p.count == n) for n in range(per_beat)]
+        arrive[0] = ~accept | (self.i.p.count == 0)
+        arrive.append(accept & (self.i.p.count >= per_beat))
+        levels = [Cat(_or(arrive[n] & at_least(k + 1 + c - n) for n in range(per_beat + 1))
+                      for k in range(cap)) for c in range(3)]
+        m.d.sync += level.eq(_or(Mux(leave[c], levels[c], 0) for c in range(3)))
+        with m.If(cut):
+            m.d.sync += level.eq(0)
 
         # Slot k's next content is slot k + c of the current buffer followed by the incoming
-        # parcels, for the c parcels that leave.  The candidate for every c depends on ``fill``
-        # and the input only, so the late ``leave`` just picks one of them.
+        # parcels, for the c parcels that leave.  Likewise prepared for every c.
         incoming = [(self.i.p.parcels[j], _length_code(self.i.p.parcels[j]))
                     for j in range(per_beat)]
         for k in range(cap):
             candidates = []
-            for c in range(5):
+            for c in range(3):
                 src = k + c
                 option = (Const(0, 16), Const(0, 2))
                 for j, slot in reversed(list(enumerate(incoming))):
                     # Incoming parcel j lands at buffer position fill + j.
-                    option = tuple(Mux(fill + j == src, a, b) for a, b in zip(slot, option))
+                    if src >= j:
+                        option = tuple(Mux(exactly(src - j), a, b) for a, b in zip(slot, option))
                 if src < cap:
-                    option = tuple(Mux(fill > src, a, b)
+                    option = tuple(Mux(at_least(src + 1), a, b)
                                    for a, b in zip((parcel[src], code[src]), option))
                 candidates.append(option)
             m.d.sync += [
@@ -189,7 +243,11 @@ class SkidBuffer(wiring.Component):
             with m.Else():
                 m.d.sync += [self.o.p.eq(self.i.p), self.o.valid.eq(self.i.valid)]
         with m.Elif(self.i.valid & self.i.ready):
-            m.d.sync += [spare.eq(self.i.p), spare_valid.eq(1)]
+            m.d.sync += spare_valid.eq(1)
+        # An empty spare entry follows the input whatever happens: only its valid bit waits
+        # for the handshake (the late ``valid``/``ready`` do not reach the wide enable).
+        with m.If(~spare_valid):
+            m.d.sync += spare.eq(self.i.p)
         return m
 
 
@@ -368,41 +426,62 @@ class _State(enum.Enum, shape=2):
     SKIP = 2    # after a fault: discard up to and including the next stop
 
 
+def _pe_mask_table():
+    """The PE mask of each PEMode, indexable by a signal."""
+    return Array(Const(pe_mask_of_pemode(mode), 4) for mode in range(8))
+
+
+class _HeldKind(enum.Enum, shape=2):
+    """What a squash does to the record the state machine holds while a verdict is pending.
+
+    The record was completed speculatively inside the bundle that the squashed record's start
+    opened; after the squash that start opens nothing and the model skips from there (D29).
+    """
+    DROP = 0          # nothing is reported from SKIP (a header fault, a stop, the stream end)
+    KEEP = 1          # a start refused before any commit (TEPL hole, IND/ICALL): reported anyway
+    REOPEN = 2        # a commit at a CUBE/TIMG2COL start: dropped, and that start opens its bundle
+    TO_ILLEGAL = 3    # a commit at an unsupported start: becomes that start's own fault record
+
+
 def _decoded_layout(index_width):
     """One decoded instruction, as registered between the matcher and the state machine."""
     return data.StructLayout({
         "index": index_width,
-        # What the instruction is (at most one of these is set, except ``start``, which
-        # accompanies ``open_matrix``, ``open_timg2col``, ``hole`` and the other starts).
+        # What the instruction is: exactly one of the kinds below is set.
         "end": 1,              # end of the stream (no instruction)
-        "illegal": 1,          # no form matches, or a constraint fails
-        "start": 1,            # any bundle start (a boundary)
+        "reject": 1,           # no form matches, a constraint fails, or a command form this
+                               # unit does not execute (Fault_IllegalInstruction unless skipping)
+        "hole": 1,             # BSTART.TEPL with an unassigned selector
+        "indirect": 1,         # a start whose transfer reads the retiring bundle's BPCN
         "open_matrix": 1,      # one of the twelve CUBE starts
         "open_timg2col": 1,    # BSTART.TEPL Mode 3 Function 4
-        "hole": 1,             # BSTART.TEPL with an unassigned selector
         "other_start": 1,      # a legal start of a bundle this unit does not execute
-        "indirect": 1,         # a start whose transfer reads the retiring bundle's BPCN
         "stop": 1,
-        "other_cmd": 1,        # a command form this unit does not execute
         "zero": 1,             # B.IOT/B.IOS with PEMode 0: a strict no-op
+        "header": 1,           # a header command or an effective binding; one of:
         "catr": 1, "hint": 1, "datr": 1, "fpatr": 1, "dim": 1, "iot": 1, "ios": 1, "ior": 1,
         # Operands.
         "op": Operation,
         "dtype": 5,            # start AType or B.DATR DataType
         "datr_f": DatrLayout,
         "fpatr_f": FpatrLayout,
-        "fpatr_bad": 1,        # the B.FPATR fields break a consistency rule
-        "lb_onehot": 3,        # the LB register a B.DIM/C.B.DIMI writes, with the value
+        "fpatr_bad": 1,        # a B.FPATR whose fields break a consistency rule
+        "dim_lb": 3,           # one-hot: the LB register a B.DIM/C.B.DIMI writes, with the value
         "dim_gpr": 16,         # the GPR port's value, used when
         "dim_reads_gpr": 1,    # the instruction is a B.DIM with RegSrc != 0; plus
         "dim_imm": 16,         # uimm17 (B.DIM; bit 16 cannot reach the 16-bit sum) or imm8
         "src0": 6, "src1": 6, "has_src0": 1, "has_src1": 1, "has_dst": 1,
         "dst_hand": 2, "size_code": 4, "last": 1, "mask": 4,
         "tid": 8,
+        # Header checks against the open bundle as it will be when the instruction executes.
+        # Computed from the binding fields whatever the instruction is (the state machine
+        # combines them with ``iot``/``ios``), so they do not wait for the match.
+        "iot_differs": 1,      # the mask differs from the bundle's B.IOT mask
+        "ios_differs": 1,      # the mask differs from the bundle's B.IOS mask
         "duplicate": 1,        # the SharedTID is already bound in the bundle
+        "catr_trap": 1,        # a B.CATR requesting a post-commit trap
         "ior_f": IorLayout,
         "dr": 1,
-        "trap": 1,
     })
 
 
@@ -446,10 +525,25 @@ class BundleDecoder(wiring.Component):
         Read port of the scalar register file for B.DIM: ``gpr_value`` must hold the low 16
         bits of GPR ``gpr_index`` combinationally, in the same cycle.  ``gpr_read`` marks the
         cycle in which a B.DIM takes the value (GPR 0 reads as zero and is not read).
+    squash : In(1)
+        The commit of the last record taken from ``o`` failed after decode (preflight or
+        allocation), the model's ``BundleDecoder.squash()`` (decision D29).  A descriptor record
+        whose boundary was a start waits for its verdict after it is taken: the first later
+        cycle with ``squash`` or ``o.ready`` high settles it (``squash`` wins; ``o.ready`` alone
+        means committed).  A consumer that may squash therefore keeps ``o.ready`` low after
+        taking a record until it knows the verdict, and asserts ``squash`` (one cycle is enough)
+        at the latest in the cycle it raises ``o.ready`` again.  Until then the decoder keeps
+        decoding the bundle that start opened but holds back (``o.valid`` low) the first record
+        it completes there.  On ``squash`` that start opens nothing: the decoder drops its
+        bundle and skips to the next stop, and fixes up the held record as the model would have
+        decoded it from there; no accepted parcel is lost or refetched.  ``squash`` is ignored
+        after any other record (fault, or a bundle ended by a stop: the model's ``squash()``
+        changes nothing there either).
 
-    Latency: without stalls, the record of a bundle is on ``o`` five cycles after the beat
-    with the boundary instruction's last parcel is accepted (aligner, skid buffer, stages M,
-    D and E).  Throughput: one 16- or 32-bit instruction per cycle with two parcels per beat.
+    Latency: without stalls, the record of a bundle is on ``o`` six cycles after the beat
+    with the boundary instruction's last parcel is accepted (aligner buffer and output, skid
+    buffer, stages M, D and E).  Throughput: one 16- or 32-bit instruction per cycle with two
+    parcels per beat; a 48- or 64-bit instruction takes two cycles in the aligner.
     """
 
     def __init__(self, config: CubeConfig = CubeConfig(), *, parcels_per_beat: int = 2,
@@ -475,6 +569,7 @@ class BundleDecoder(wiring.Component):
             "gpr_index": Out(5),
             "gpr_value": In(16),
             "gpr_read": Out(1),
+            "squash": In(1),
         })
 
     # Thresholds of the counting rules: the model's limits, or a smaller elaborated bound.
@@ -523,13 +618,27 @@ class BundleDecoder(wiring.Component):
             matcher.word.eq(fetched.o.p.word),
             matcher.length.eq(fetched.o.p.length),
         ]
+        # B.DIM reads its GPR as it enters stage M, straight from the instruction bits (every
+        # B.DIM form places RegSrc alike), so the register file's read path ends in a register.
+        word = fetched.o.p.word
+        dims = [form for form in isa.FORMS if form.role is isa.Role.DIM]
+        (reg_src_pieces,) = {form.field("RegSrc").pieces for form in dims}
+        reg_src = _extract(word, reg_src_pieces)
+        is_dim = (~fetched.o.p.end & (fetched.o.p.length == 1) &
+                  _any(((word[:32] & enc.mask) == enc.match) & _constraints_hold(word, form)
+                       for form in dims for enc in form.encodings))
+        m_gpr = Signal(16)
+        m.d.comb += [
+            self.gpr_index.eq(reg_src),
+            self.gpr_read.eq(fetched.o.valid & m_free & is_dim & (reg_src != 0)),
+        ]
         with m.If(m_free):
             m.d.sync += [m_valid.eq(fetched.o.valid), m_index.eq(fetched.o.p.index),
-                         m_end.eq(fetched.o.p.end)]
+                         m_end.eq(fetched.o.p.end), m_gpr.eq(self.gpr_value)]
         with m.If(d_free):
             m.d.sync += d_valid.eq(m_valid)
         b = _BundleRegisters(self)
-        self._decode(m, matcher, m_valid & d_free, m_index, m_end, d, b, consume)
+        self._decode(m, matcher, m_valid & d_free, m_index, m_end, m_gpr, d, b, consume)
 
         step = self._bundle_state_machine(m, d, d_valid, consume, b)
         if self.checks is not None:
@@ -538,31 +647,26 @@ class BundleDecoder(wiring.Component):
 
     # -- stage D: decode ---------------------------------------------------------------
 
-    def _decode(self, m, matcher, load, index, end, out, b, consume):
+    def _decode(self, m, matcher, load, index, end, gpr, out, b, consume):
         """Turn the matcher's result into the decoded-instruction register ``out``.
 
-        ``load`` marks the cycle the instruction moves into ``out``; B.DIM reads its GPR then.
-        ``b`` are the bundle registers and ``consume`` says the state machine takes the
-        current ``out`` in this cycle: B.IOS's duplicate check is done here against the Shared
-        list as it will be when the instruction reaches the state machine.
+        ``load`` marks the cycle the instruction moves into ``out``; ``gpr`` is the GPR value a
+        B.DIM read as it entered stage M.  ``b`` are the bundle registers and ``consume`` says
+        the state machine takes the current ``out`` in this cycle: the checks against the
+        bundle's masks and Shared list are made here, against the bundle as it will be when the
+        instruction reaches the state machine.
         """
         role, f, has = matcher.role, matcher.fields, matcher.has
 
-        # The GPR port reads straight from the instruction bits of B.DIM's RegSrc (one
-        # placement in every B.DIM form), so the index does not wait for the match.
         (reg_src_pieces,) = {form.field("RegSrc").pieces for form in isa.FORMS
                              if form.role is isa.Role.DIM}
         reg_src = _extract(matcher.stage_word, reg_src_pieces)
-        m.d.comb += [
-            self.gpr_index.eq(reg_src),
-            self.gpr_read.eq(load & ~end & matcher.legal & role[isa.Role.DIM] & (reg_src != 0)),
-        ]
 
         selector = Cat(f["Function"], f["Mode"])
         assigned = _table_lookup(isa.TEPL_OPERATIONS, selector, 7)
         timg2col = selector == isa.TIMG2COL_SELECTOR
         tepl = role[isa.Role.TEPL_START]
-        pe_mask = Array(Const(pe_mask_of_pemode(mode), 4) for mode in range(8))[f["PEMode"]]
+        pe_mask = _pe_mask_table()[f["PEMode"]]
         binding = role[isa.Role.IOT] | role[isa.Role.IOS]
         zero = binding & (f["PEMode"] == 0)
         legal = ~end & matcher.legal
@@ -571,44 +675,65 @@ class BundleDecoder(wiring.Component):
                      (f["GroupMaxEn"] != (f["GroupNCode"] != 0)) |
                      (f["MaxAbsEn"] & ~(f["RowMaxEn"] | f["GroupMaxEn"])))
 
-        # The SharedTID bits of B.IOS (its only form), compared before the match is known.
+        # The header checks that compare with the open bundle's lists and masks are made here,
+        # against the bundle as it will be when this instruction reaches the state machine:
+        # the instruction the state machine takes now (``consume``) is forwarded - a start
+        # that opens a bundle clears it, a binding records its mask and SharedTID.  Each check
+        # is prepared both ways and the late ``consume`` only picks one.
+        iot = legal & role[isa.Role.IOT] & ~zero
+        # The PEMode and SharedTID bits of the binding forms (one placement each), taken before
+        # the match is known.
+        (pemode_pieces,) = {form.field("PEMode").pieces for form in isa.FORMS
+                            if form.role in (isa.Role.IOT, isa.Role.IOS)}
+        early_mask = _pe_mask_table()[_extract(matcher.stage_word, pemode_pieces)]
         (tid_pieces,) = {form.field("SharedTID").pieces for form in isa.FORMS
                          if form.role is isa.Role.IOS}
         tid = _extract(matcher.stage_word, tid_pieces)
         stored = _any(valid & (slot == tid) for valid, slot in zip(b.shared_valid, b.shared))
-        # The list changes under the instruction the state machine takes now: a start
-        # clears it, a B.IOS appends to it.
-        opening = consume & (out.open_matrix | out.open_timg2col)
-        appended = consume & out.ios & (out.tid == tid)
-        duplicate = ~opening & (stored | appended)
+        iot_differs_now = b.iot_any & (b.iot_mask != early_mask)
+        ios_differs_now = b.ios_any & (b.ios_mask != early_mask)
+        new_bundle = out.open_matrix | out.open_timg2col
+        differs_from_out = out.mask != early_mask
+        iot_differs = Mux(consume, ~new_bundle & Mux(out.iot, differs_from_out, iot_differs_now),
+                          iot_differs_now)
+        ios_differs = Mux(consume, ~new_bundle & Mux(out.ios, differs_from_out, ios_differs_now),
+                          ios_differs_now)
+        duplicate = Mux(consume, ~new_bundle & (stored | (out.ios & (out.tid == tid))), stored)
 
+        start = legal & (role[isa.Role.MATRIX_START] | tepl | role[isa.Role.OTHER_START] |
+                         role[isa.Role.TRACE_START])
+        hole = start & tepl & ~assigned
+        indirect = start & ~hole & (matcher.values["indirect"] |
+                                    (has["BrType"] &
+                                     _table_lookup(INDIRECT_BRTYPES, f["BrType"], 3)))
+        regular_start = start & ~hole & ~indirect
+        ios = legal & role[isa.Role.IOS] & ~zero
+        dim = legal & (role[isa.Role.DIM] | role[isa.Role.DIMI])
+        lb_onehot = 1 << Mux(role[isa.Role.DIMI], f["LoopNest"], matcher.values["lb"])
+        header_roles = (isa.Role.CATR, isa.Role.HINT, isa.Role.DATR, isa.Role.FPATR,
+                        isa.Role.DIM, isa.Role.DIMI, isa.Role.IOT, isa.Role.IOS, isa.Role.IOR)
         with m.If(load):
             m.d.sync += [
                 out.index.eq(index),
-                out.duplicate.eq(duplicate),
                 out.end.eq(end),
-                out.illegal.eq(~end & ~matcher.legal),
-                out.start.eq(legal & (role[isa.Role.MATRIX_START] | tepl |
-                                      role[isa.Role.OTHER_START] | role[isa.Role.TRACE_START])),
-                out.open_matrix.eq(legal & role[isa.Role.MATRIX_START]),
-                out.open_timg2col.eq(legal & tepl & timg2col),
-                out.hole.eq(legal & tepl & ~assigned),
-                out.indirect.eq(legal & (matcher.values["indirect"] |
-                                         (has["BrType"] &
-                                          _table_lookup(INDIRECT_BRTYPES, f["BrType"], 3)))),
-                out.other_start.eq(legal & (role[isa.Role.OTHER_START] |
-                                            role[isa.Role.TRACE_START] |
-                                            (tepl & assigned & ~timg2col))),
+                out.reject.eq(~end & (~matcher.legal | role[isa.Role.OTHER_COMMAND])),
+                out.hole.eq(hole),
+                out.indirect.eq(indirect),
+                out.open_matrix.eq(regular_start & role[isa.Role.MATRIX_START]),
+                out.open_timg2col.eq(regular_start & tepl & timg2col),
+                out.other_start.eq(regular_start & (role[isa.Role.OTHER_START] |
+                                                    role[isa.Role.TRACE_START] |
+                                                    (tepl & ~timg2col))),
                 out.stop.eq(legal & role[isa.Role.STOP]),
-                out.other_cmd.eq(legal & role[isa.Role.OTHER_COMMAND]),
                 out.zero.eq(legal & zero),
+                out.header.eq(legal & ~zero & _any(role[r] for r in header_roles)),
                 out.catr.eq(legal & role[isa.Role.CATR]),
                 out.hint.eq(legal & role[isa.Role.HINT]),
                 out.datr.eq(legal & role[isa.Role.DATR]),
                 out.fpatr.eq(legal & role[isa.Role.FPATR]),
-                out.dim.eq(legal & (role[isa.Role.DIM] | role[isa.Role.DIMI])),
-                out.iot.eq(legal & role[isa.Role.IOT] & ~zero),
-                out.ios.eq(legal & role[isa.Role.IOS] & ~zero),
+                out.dim.eq(dim),
+                out.iot.eq(iot),
+                out.ios.eq(ios),
                 out.ior.eq(legal & role[isa.Role.IOR]),
 
                 out.op.eq(Mux(tepl, Operation.TIMG2COL, matcher.values["op"])),
@@ -618,10 +743,9 @@ class BundleDecoder(wiring.Component):
                 out.fpatr_f.eq(Cat(f["PreQuantMode"], f["ReluMode"], f["GroupNCode"],
                                    f["RowMaxEn"], f["GroupMaxEn"], f["RowMaxInit"], f["MaxAbsEn"],
                                    f["TransA"], f["TransB"])),
-                out.fpatr_bad.eq(fpatr_bad),
-                out.lb_onehot.eq(1 << Mux(role[isa.Role.DIMI], f["LoopNest"],
-                                          matcher.values["lb"])),
-                out.dim_gpr.eq(self.gpr_value),
+                out.fpatr_bad.eq(legal & role[isa.Role.FPATR] & fpatr_bad),
+                out.dim_lb.eq(Mux(dim, lb_onehot, 0)),
+                out.dim_gpr.eq(gpr),
                 out.dim_reads_gpr.eq(role[isa.Role.DIM] & (reg_src != 0)),
                 out.dim_imm.eq(Mux(role[isa.Role.DIMI], f["imm8"], f["uimm17"][:16])),
                 out.src0.eq(f["SrcTile0"]), out.has_src0.eq(has["SrcTile0"]),
@@ -629,122 +753,105 @@ class BundleDecoder(wiring.Component):
                 out.has_dst.eq(has["DstTile"]), out.dst_hand.eq(f["DstTile"]),
                 out.size_code.eq(f["SizeCode"]), out.last.eq(f["L"]), out.mask.eq(pe_mask),
                 out.tid.eq(f["SharedTID"]),
+                out.iot_differs.eq(iot_differs),
+                out.ios_differs.eq(ios_differs),
+                out.duplicate.eq(duplicate),
+                out.catr_trap.eq(legal & role[isa.Role.CATR] & f["trap"]),
                 out.ior_f.eq(Cat(f["RegSrc0"], f["RegSrc1"], f["RegSrc2"], f["RegDst"])),
                 out.dr.eq(f["DR"]),
-                out.trap.eq(f["trap"]),
             ]
 
     # -- stage E: the bundle state machine -----------------------------------------------
 
     def _bundle_state_machine(self, m, d, d_valid, consume, b):
+        """The model's state machine, the output record and the squash protocol.
+
+        Every rule is written as a flat sum of products of the decoded instruction's kind
+        flags, the state and the bundle registers' flags (which are mutually exclusive where
+        they are ORed), so that the fault code and the next state are two or three LUT levels
+        deep.
+        """
         state = Signal(_State)
-        bc, tl, ii = (FaultClass.BUNDLE_CONTROL, FaultClass.TILE_LEGALITY,
-                      FaultClass.ILLEGAL_INSTRUCTION)
+        idle, open_, skip = (state == _State.IDLE), (state == _State.OPEN), (state == _State.SKIP)
 
         # -- commit-time rules: a function of flags kept up to date by the header updates --
         noop = b.zero_seen & ~b.iot_any & ~b.ios_any
-        commit_fault = Signal(FaultClass)
-        with m.If(~b.timg2col):
-            with m.If(b.catr_dr):
-                m.d.comb += commit_fault.eq(bc)
-            with m.Elif(noop):
-                pass
-            with m.Elif(~b.fpatr_valid):
-                m.d.comb += commit_fault.eq(bc)
-            with m.Elif(b.shared_dest | b.mask_conflict | b.local_over | b.dest_over):
-                m.d.comb += commit_fault.eq(tl)
-        with m.Else():
-            with m.If(noop):
-                pass
-            with m.Elif(b.ios_any):
-                m.d.comb += commit_fault.eq(tl)
-            with m.Elif(~b.timg2col_shape | (b.ior_valid & b.ior_extra)):
-                m.d.comb += commit_fault.eq(bc)
-        commit_noop = noop & ~(~b.timg2col & b.catr_dr)
+        matrix, timg2col = ~b.timg2col, b.timg2col
+        commit_bc = ((matrix & (b.catr_dr | (~noop & ~b.fpatr_valid))) |
+                     (timg2col & ~noop & ~b.ios_any &
+                      (~b.timg2col_shape | (b.ior_valid & b.ior_extra))))
+        commit_tl = ((matrix & ~b.catr_dr & ~noop & b.fpatr_valid &
+                      (b.shared_dest | b.mask_conflict | b.local_over | b.dest_over)) |
+                     (timg2col & ~noop & b.ios_any))
+        commit_noop = noop & ~(matrix & b.catr_dr)
 
         # -- header-time rules of the instruction in ``d`` (meaningful when a bundle is open) --
-        iot_mask_differs = b.iot_any & (d.mask != b.iot_mask)
-        ios_mask_differs = b.ios_any & (d.mask != b.ios_mask)
-        dim_written = _any(d.lb_onehot[k] & b.dims[k].written for k in range(3))
-        header_fault = Signal(FaultClass)
-        with m.If(d.catr & ~b.catr_seen & d.trap):
-            m.d.comb += header_fault.eq(ii)     # implementation limit: no post-commit trap
-        with m.If((d.catr & b.catr_seen) | (d.hint & b.hint_seen) | (d.datr & b.datr_valid) |
-                  (d.dim & dim_written) | (d.ior & b.ior_valid) | (d.iot & b.terminated)):
-            m.d.comb += header_fault.eq(bc)
-        with m.If(d.fpatr):
-            with m.If(b.fpatr_valid | b.timg2col | b.ior_valid | b.iot_any | b.ios_any):
-                m.d.comb += header_fault.eq(bc)
-            with m.Elif(d.fpatr_bad):
-                m.d.comb += header_fault.eq(tl)
-        with m.If(d.iot & ~b.terminated & (iot_mask_differs | b.iot_full)):
-            m.d.comb += header_fault.eq(tl)
-        with m.If(d.ios):
-            with m.If(iot_mask_differs | ios_mask_differs):
-                m.d.comb += header_fault.eq(tl)
-            with m.Elif(d.duplicate | b.ios_full):
-                m.d.comb += header_fault.eq(bc)
+        dim_written = _any(d.dim_lb[k] & b.dims[k].written for k in range(3))
+        header_ii = d.catr_trap & ~b.catr_seen           # implementation limit: no post-commit trap
+        header_bc = ((d.catr & b.catr_seen) | (d.hint & b.hint_seen) | (d.datr & b.datr_valid) |
+                     dim_written | (d.ior & b.ior_valid) | (d.iot & b.terminated) |
+                     (d.fpatr & b.fpatr_closed) |
+                     (d.ios & ~d.iot_differs & ~d.ios_differs & (d.duplicate | b.ios_full)))
+        header_tl = ((d.fpatr_bad & ~b.fpatr_closed) |
+                     (d.iot & ~b.terminated & (d.iot_differs | b.iot_full)) |
+                     (d.ios & (d.iot_differs | d.ios_differs)))
 
-        # -- the step --
-        emit = Signal()                      # a record leaves with this instruction
-        emit_fault = Signal(FaultClass)
-        can_emit = ~self.o.valid | self.o.ready
+        # -- the step: which record the instruction completes, and the next state --
+        starts = d.open_matrix | d.open_timg2col | d.other_start
+        commit = open_ & (starts | d.stop)      # the open bundle ends here
+        emit_ii = ((d.reject & ~skip) | d.hole | (d.other_start & ~open_) |
+                   (d.header & open_ & header_ii))
+        emit_bc = ((d.end & open_) | d.indirect | (commit & commit_bc) | (d.stop & idle) |
+                   (d.header & idle) | (d.header & open_ & header_bc))
+        emit_tl = (commit & commit_tl) | (d.header & open_ & header_tl)
+        emit = Signal()
+        emit_fault = Signal(2)
+        m.d.comb += [
+            emit.eq(emit_ii | emit_bc | emit_tl | commit),
+            emit_fault.eq(Cat(emit_ii | emit_tl, emit_bc | emit_tl)),
+        ]
+        commit_ok = ~commit_bc & ~commit_tl
+        next_open = (((d.open_matrix | d.open_timg2col) & ~(open_ & ~commit_ok)) |
+                     (open_ & (d.zero | (d.header & ~header_ii & ~header_bc & ~header_tl))))
+        next_idle = d.end | d.stop | (d.zero & idle)
+        next_state = Mux(next_open, _State.OPEN, Mux(next_idle, _State.IDLE, _State.SKIP))
+
+        # -- the output register and the verdict of records that a start ended --
+        # A descriptor record whose boundary was a start is *pending* from its transfer until
+        # the consumer settles it: ``squash`` (the commit failed after decode) or ``o.ready``
+        # without ``squash`` (committed), whichever comes first.  Meanwhile the state machine
+        # runs on inside the bundle that start opened; the first record it completes there is
+        # held (``o.valid`` low) and the state machine waits.  A squash is applied one cycle
+        # later (``squashing``): it drops that bundle as the model's ``squash()`` does, fixing
+        # up the held record by ``out_kind``.
+        out_valid = Signal()
+        out_fault = Signal(2)       # the decoder reports fault classes 1..3 only
+        out_index = Signal(self.index_width)
+        out_bundle = Signal(self.record_layout.descriptor)
+        out_needs_verdict = Signal()
+        out_kind = Signal(_HeldKind)
+        pending = Signal()
+        squashing = Signal()
+        m.d.comb += self.o.valid.eq(out_valid & ~pending)
+        taken = self.o.valid & self.o.ready
+        can_emit = ~out_valid | taken
         # An unsupported start that closes a bundle completes two records (the model returns
         # both from one step): the commit record, then Fault_IllegalInstruction at the start,
         # which waits here for one cycle.
         second = Signal()
-        go = d_valid & can_emit & ~second
+        # ``busy`` is set whenever ``second`` or ``squashing`` will be (and at every commit at
+        # an unsupported start, even a failed one: a one-cycle bubble there is harmless), so
+        # the state machine's enable needs one register less.
+        busy = Signal()
+        go = d_valid & can_emit & ~busy
         m.d.comb += consume.eq(go)
-
-        def fault(code, next_state=_State.SKIP):
-            m.d.comb += [emit.eq(1), emit_fault.eq(code)]
-            m.d.sync += state.eq(next_state)
-
-        def commit(state_if_faulted):
-            m.d.comb += [emit.eq(1), emit_fault.eq(commit_fault)]
-            m.d.sync += state.eq(Mux(commit_fault == FaultClass.NONE, _State.IDLE,
-                                     state_if_faulted))
+        squash_now = pending & self.squash & ~squashing
+        m.d.sync += busy.eq((go & commit & d.other_start) | (second & ~can_emit) | squash_now)
 
         with m.If(go):
-            with m.If((state == _State.SKIP) & ~d.start & ~d.end):
-                with m.If(d.stop):
-                    m.d.sync += state.eq(_State.IDLE)
-            with m.Elif(d.end):
-                with m.If(state == _State.OPEN):
-                    fault(bc, _State.IDLE)
-                with m.Else():
-                    m.d.sync += state.eq(_State.IDLE)
-            with m.Elif(d.illegal | d.hole | d.other_cmd):
-                fault(ii)
-            with m.Elif(d.indirect):
-                # Checked before the open bundle is committed: no Standard or Floating bundle
-                # with a BPCN to read ever retires in this unit.
-                fault(bc)
-            with m.Elif(d.start):
-                with m.If(state == _State.OPEN):
-                    # A failed commit is reported at this start, which opens nothing.
-                    commit(_State.SKIP)
-                    with m.If(commit_fault == FaultClass.NONE):
-                        with m.If(d.other_start):
-                            m.d.sync += [state.eq(_State.SKIP), second.eq(1)]
-                        with m.Else():
-                            m.d.sync += state.eq(_State.OPEN)
-                with m.Elif(d.other_start):
-                    fault(ii)
-                with m.Else():
-                    m.d.sync += state.eq(_State.OPEN)
-            with m.Elif(d.stop):
-                with m.If(state == _State.OPEN):
-                    commit(_State.IDLE)        # a faulting stop is itself the boundary
-                with m.Else():
-                    fault(bc, _State.IDLE)
-            with m.Elif(d.zero):
-                pass
-            with m.Elif(state != _State.OPEN):
-                fault(bc)
-            with m.Elif(header_fault != FaultClass.NONE):
-                fault(header_fault)
-
+            m.d.sync += state.eq(next_state)
+            with m.If(commit & d.other_start & commit_ok):
+                m.d.sync += second.eq(1)
         # The bundle registers follow the instruction whatever the state and the checks say:
         # a start clears them (the new bundle opens only if the state machine says so), a
         # header command records itself (a rejected one moves to SKIP, and the registers of a
@@ -754,29 +861,53 @@ class BundleDecoder(wiring.Component):
         with m.Elif(go):
             b.record(m, d)
 
-        # -- the output record --
         # Registered raw: the fault code, the index and the descriptor snapshot (taken at
         # every boundary); the record's conventions (zero descriptor in a fault record, zero
         # index in a descriptor record) are applied combinationally at the port.
-        out_fault = Signal(FaultClass)
-        out_index = Signal(self.index_width)
-        out_bundle = Signal(self.record_layout.descriptor)
-        with m.If(go & (d.start | d.stop | d.end)):
+        with m.If(go & (starts | d.stop | d.end)):
             m.d.sync += b.descriptor_statements(out_bundle, d.index, commit_noop)
         with m.If(second & can_emit):
             # ``out_index`` still holds the start's index.
-            m.d.sync += [self.o.valid.eq(1), out_fault.eq(ii), second.eq(0)]
+            m.d.sync += [out_valid.eq(1), out_fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
+                         out_needs_verdict.eq(0), out_kind.eq(_HeldKind.DROP), second.eq(0)]
         with m.Elif(go):
-            m.d.sync += [self.o.valid.eq(emit), out_fault.eq(emit_fault), out_index.eq(d.index)]
-        with m.Elif(self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
+            m.d.sync += [
+                out_valid.eq(emit), out_fault.eq(emit_fault), out_index.eq(d.index),
+                out_needs_verdict.eq(commit & starts & commit_ok),
+                out_kind.eq(Mux(d.hole | d.indirect, _HeldKind.KEEP,
+                                Mux(d.other_start, _HeldKind.TO_ILLEGAL,
+                                    Mux(d.open_matrix | d.open_timg2col, _HeldKind.REOPEN,
+                                        _HeldKind.DROP)))),
+            ]
+        with m.Elif(taken):
+            m.d.sync += out_valid.eq(0)
+
+        with m.If(taken & out_needs_verdict):
+            m.d.sync += pending.eq(1)
+        with m.Elif(squash_now | (pending & self.o.ready & ~squashing)):
+            m.d.sync += [pending.eq(self.squash), squashing.eq(self.squash)]
+        with m.Elif(squashing):
+            m.d.sync += [pending.eq(0), squashing.eq(0)]
+            # The start that ended the squashed record opens nothing: what the state machine
+            # did since is redone as the model does it from SKIP.
+            with m.If(~out_valid):
+                m.d.sync += [state.eq(_State.SKIP), second.eq(0)]
+            with m.Elif(out_kind == _HeldKind.DROP):
+                m.d.sync += out_valid.eq(0)
+            with m.Elif(out_kind == _HeldKind.REOPEN):
+                m.d.sync += [out_valid.eq(0), state.eq(_State.OPEN)]
+            with m.Elif(out_kind == _HeldKind.TO_ILLEGAL):
+                m.d.sync += [out_fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
+                             out_needs_verdict.eq(0), second.eq(0)]
+
         is_fault = out_fault != FaultClass.NONE
         m.d.comb += [
             self.o.p.fault.eq(out_fault),
             self.o.p.fault_index.eq(Mux(is_fault, out_index, 0)),
             self.o.p.bundle.eq(Mux(is_fault, 0, out_bundle)),
         ]
-        return SimpleNamespace(state=state, go=go, emit=emit, second=second)
+        return SimpleNamespace(state=state, go=go, emit=emit, second=second, pending=pending,
+                               squashing=squashing, busy=busy)
 
     # -- checks (formal verification and simulation) -----------------------------------
 
@@ -786,10 +917,10 @@ class BundleDecoder(wiring.Component):
         The assertions sit in the ``sync`` domain: they check settled values at each clock
         edge, so the simulator does not trip over transient values between delta cycles.
 
-        ``"contract"`` (true in every state the registers can hold, so k-induction proves it
-        at depth 1): every record is a descriptor or exactly one fault class - a fault record
-        has an all-zero descriptor, a descriptor record a zero index - and the output holds a
-        record until it is taken.
+        ``"contract"`` (inductive: k-induction proves it at depth 2 from any register state):
+        every record is a descriptor or exactly one fault class - a fault record
+        has an all-zero descriptor, a descriptor record a zero index - the output holds a
+        record until it is taken, and a squash only changes records that are not offered.
 
         ``"all"`` adds what holds in the reachable states (checked from reset): descriptors are
         well formed (a known operation, lists within the bounds, a no-op has no bindings, a
@@ -816,6 +947,11 @@ class BundleDecoder(wiring.Component):
         with m.If(held):
             m.d.sync += Assert(o.valid & (o.payload.as_value() == held_record.as_value()),
                                "the output record changed before it was taken")
+        # A squash is applied only while its record's verdict is pending (o.valid is low).
+        m.d.sync += [
+            Assert(~step.squashing | step.pending, "a squash without a pending verdict"),
+            Assert(step.busy | ~(step.second | step.squashing), "the state machine is not held"),
+        ]
         if self.checks != "all":
             return
 
@@ -857,21 +993,23 @@ class BundleDecoder(wiring.Component):
 
         # Progress, while the consumer keeps ``o.ready`` high.
         waited = Signal()
-        m.d.sync += waited.eq(d_valid & ~step.go & o.ready)
-        with m.If(waited & o.ready):
+        m.d.sync += waited.eq(d_valid & ~step.go & o.ready & ~step.pending & ~step.squashing)
+        with m.If(waited & o.ready & ~step.pending & ~step.squashing):
             m.d.sync += Assert(step.go | step.second, "the state machine stalls with o.ready")
         # Follow one C.BSTOP from the input: count the items ahead of it in the pipeline,
         # then the state machine's steps until its own.
         tracking = Signal()
-        ahead = Signal(range(5))
+        ahead = Signal(range(6))
         age = Signal(range(PROGRESS_BOUND + 1))
         accepted_stop = (self.i.valid & self.i.ready & (self.i.p.count != 0) &
-                         (self.i.p.parcels[0] == 0) & (aligner.fill == 0) & ~aligner.ending)
+                         (self.i.p.parcels[0] == 0) & (aligner.fill == 0) & ~aligner.part &
+                         ~aligner.ending)
         with m.If(tracking):
             # The C.BSTOP is still in the pipeline behind ``ahead`` items.
-            m.d.sync += Assert(ahead < fetched.level + m_valid + d_valid + (aligner.fill != 0),
+            m.d.sync += Assert(ahead < aligner.o.valid + fetched.level + m_valid + d_valid +
+                               ((aligner.fill != 0) | aligner.part),
                                "the tracked C.BSTOP is lost")
-        with m.If(~o.ready):
+        with m.If(~o.ready | self.squash):
             m.d.sync += tracking.eq(0)
         with m.Elif(tracking):
             m.d.sync += age.eq(age + 1)
@@ -886,7 +1024,8 @@ class BundleDecoder(wiring.Component):
         with m.Elif(accepted_stop):
             # Items ahead: those in the pipeline, less the one the state machine takes now.
             m.d.sync += [tracking.eq(1), age.eq(0),
-                         ahead.eq(fetched.level + m_valid + d_valid - step.go)]
+                         ahead.eq(aligner.o.valid + fetched.level + m_valid + d_valid -
+                                  step.go)]
 
 
 class _BundleRegisters:
@@ -896,7 +1035,8 @@ class _BundleRegisters:
     that no rule has to compare counts: ``iot_any``/``ios_any`` (an effective B.IOT/B.IOS
     was recorded), ``iot_full``/``ios_full`` (the next one is over the limit), ``local_over``
     / ``dest_over`` (more sources/destinations than a Matrix bundle takes), ``mask_conflict``
-    (a B.IOT mask differs from an earlier B.IOS mask), ``timg2col_shape`` (the B.IOT words so
+    (a B.IOT mask differs from an earlier B.IOS mask), ``fpatr_closed`` (a B.FPATR is out of
+    place), ``timg2col_shape`` (the B.IOT words so
     far are exactly one word with one source, a destination and L = 1) and ``ior_extra``
     (B.IOR RegSrc2 or RegDst is nonzero).
     """
@@ -936,6 +1076,9 @@ class _BundleRegisters:
         self.ior_valid, self.ior = Signal(), Signal(IorLayout)
         self.ior_extra = Signal()
         self.zero_seen = Signal()
+        # A B.FPATR is out of place: one was recorded, a B.IOR or an effective binding came
+        # first, or the bundle is a TIMG2COL one.
+        self.fpatr_closed = Signal()
 
     def open(self, m, d):
         """Start a new bundle for the start instruction ``d`` (every field cleared)."""
@@ -950,6 +1093,7 @@ class _BundleRegisters:
             self.ios_any.eq(0), self.ios_full.eq(0), self.iot_mask.eq(0), self.ios_mask.eq(0),
             self.mask_conflict.eq(0), self.terminated.eq(0), self.timg2col_shape.eq(0),
             self.ior_valid.eq(0), self.ior.eq(0), self.ior_extra.eq(0), self.zero_seen.eq(0),
+            self.fpatr_closed.eq(d.open_timg2col),
         ]
         m.d.sync += [dim.eq(DimLayout.const({"value": 1})) for dim in self.dims]
         m.d.sync += [sig.eq(0) for sig in self.local + self.dests + self.shared +
@@ -967,11 +1111,12 @@ class _BundleRegisters:
             m.d.sync += [self.datr_valid.eq(1), self.datr.eq(d.datr_f)]
         with m.If(d.fpatr):
             m.d.sync += [self.fpatr_valid.eq(1), self.fpatr.eq(d.fpatr_f)]
-        with m.If(d.dim):
-            for k, dim in enumerate(self.dims):
-                with m.If(d.lb_onehot[k]):
-                    gpr = Mux(d.dim_reads_gpr, d.dim_gpr, 0)
-                    m.d.sync += [dim.value.eq(gpr + d.dim_imm), dim.written.eq(1)]
+        with m.If(d.fpatr | d.ior | d.iot | d.ios):
+            m.d.sync += self.fpatr_closed.eq(1)
+        for k, dim in enumerate(self.dims):
+            with m.If(d.dim_lb[k]):
+                gpr = Mux(d.dim_reads_gpr, d.dim_gpr, 0)
+                m.d.sync += [dim.value.eq(gpr + d.dim_imm), dim.written.eq(1)]
         with m.If(d.iot):
             self._record_iot(m, d)
         with m.If(d.ios):

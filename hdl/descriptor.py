@@ -29,7 +29,7 @@ from ..model.faults import FaultClass
 from .config import CubeConfig
 
 __all__ = ["DatrLayout", "FpatrLayout", "IorLayout", "DimLayout", "DestinationLayout",
-           "DescriptorLayout", "RecordLayout", "BoundExceeded"]
+           "DescriptorLayout", "RecordLayout", "BoundExceeded", "Packer"]
 
 
 class BoundExceeded(ValueError):
@@ -94,11 +94,13 @@ def _leaves(layout, offset=0, path=()):
         yield path, offset, Shape.cast(layout).width
 
 
-class _Packer:
+class Packer:
     """Fast conversion between nested dicts/lists of ints and a layout's bit pattern.
 
-    ``data.Const`` does the same but is too slow for the hundreds of thousands of records a
-    regression compares; this walks a flat table of leaf offsets computed once.
+    Shared by every ``lib.data`` layout that testbenches and models convert in bulk (records
+    here, tile descriptors in ``hdl/tile_desc.py``).  ``data.Const`` does the same but is too
+    slow for the hundreds of thousands of records a regression compares; this walks a flat
+    table of leaf offsets computed once.
     """
 
     def __init__(self, layout):
@@ -170,7 +172,7 @@ class DescriptorLayout(data.StructLayout):
             "catr_dr": 1,
             "noop": 1,
         })
-        self._packer = _Packer(self)
+        self._packer = Packer(self)
 
     def fits(self, bundle: Bundle) -> bool:
         """Whether the lists of ``bundle`` fit the elaborated bounds."""

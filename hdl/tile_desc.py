@@ -44,7 +44,7 @@ from ..model.preflight import Img2ColPlan, MatrixPlan
 from ..model.postprocess import ParamKind, group_count, group_n, prequant_mode
 from ..model.state import PE_COUNT, Location, SharedTile, Tile
 from .config import CubeConfig
-from .descriptor import _Packer
+from .descriptor import Packer
 
 __all__ = ["TileLocation", "TileDescLayout", "SharedDescLayout", "OperandRole", "OutputRole",
            "ParamSource", "OperandLayout", "OutputLayout", "DGeometryLayout", "PlanLayout",
@@ -210,7 +210,7 @@ class PlanLayout(data.StructLayout):
             "outputs": data.ArrayLayout(OutputLayout, 3),
             "d_geometry": data.ArrayLayout(DGeometryLayout, PE_COUNT),
         })
-        self._packer = _Packer(self)
+        self._packer = Packer(self)
 
     def encode(self, plan) -> int:
         """The bit pattern of a model :class:`MatrixPlan` or :class:`Img2ColPlan`."""
@@ -290,8 +290,8 @@ class PlanLayout(data.StructLayout):
         }
 
 
-_TILE_PACKER = _Packer(TileDescLayout)
-_SHARED_PACKER = _Packer(SharedDescLayout)
+_TILE_PACKER = Packer(TileDescLayout)
+_SHARED_PACKER = Packer(SharedDescLayout)
 
 
 def _cells(capacity: int) -> int:

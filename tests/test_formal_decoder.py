@@ -2,11 +2,12 @@
 
 ``BundleDecoder(checks="all")`` carries the properties as ``Assert`` statements (see
 ``BundleDecoder._add_checks``): every output record is a descriptor or exactly one fault class,
-records are well formed and held until taken, and with the output ready the decoder makes
-progress - a C.BSTOP that enters the decoder is executed within ``PROGRESS_BOUND`` cycles and
-completes a record unless the decoder is skipping a faulted bundle.  Here every input is free
-in every cycle (any parcels, any beat sizes, any ``last``, any GPR value, any ``o.ready``) and
-the proof is by k-induction, so it covers every reachable state, not just traces from reset.
+records are well formed and held until taken (a squash only changes records that are not
+offered), and with the output ready the decoder makes progress - a C.BSTOP that enters the
+decoder is executed within ``PROGRESS_BOUND`` cycles and completes a record unless the decoder
+is skipping a faulted bundle.  Here every input is free in every cycle (any parcels, any beat
+sizes, any ``last``, any GPR value, any ``o.ready``, any ``squash``); the contract is proved by
+k-induction, so it covers every reachable state, not just traces from reset.
 
 The proofs use a decoder with small lists and 4-bit instruction indices (the properties do not
 depend on either), which keeps them within the default suite's time budget.
@@ -38,7 +39,7 @@ class DecoderUnderProof(Elaboratable):
     @property
     def ports(self):
         dut = self.dut
-        return [dut.i.valid, Value.cast(dut.i.payload), dut.o.ready, dut.gpr_value]
+        return [dut.i.valid, Value.cast(dut.i.payload), dut.o.ready, dut.gpr_value, dut.squash]
 
     def elaborate(self, platform):
         m = Module()
@@ -87,5 +88,5 @@ def test_covers_reach_descriptors_noops_and_faults(tmp_path):
 
 def test_a_false_property_is_refuted(tmp_path):
     result = _run(DecoderUnderProof(checks="contract", false_claim=True), "decoder_false",
-                  tmp_path, mode="bmc", depth=7)
+                  tmp_path, mode="bmc", depth=8)
     assert result.status == "FAIL", result.log[-3000:]

