@@ -1,0 +1,240 @@
+"""The CUBE execution engine: runs an approved Matrix plan over the tile store.
+
+:class:`CubeEngine` takes the plan the preflight approved (:class:`~ptocube.hdl.tile_desc.
+PlanLayout`) and, for each PE the mask selects (PE0 first, the model's order), computes
+``D = [C +] A x B [+ Bias]`` with B.FPATR post-processing and writes D, RowMaxOut and
+GroupMaxOut into the output registers the top level allocated (``out_base``), through the
+tile store's write port.  Those writes are the staging of the spec's atomic publication:
+the top level publishes descriptors, definedness and flags on ``commit``.
+
+Per PE the engine reads the descriptors of the plan's operands (base CELL, physical
+columns), derives the run context (:class:`~ptocube.hdl.cube_run.RunLayout`) and runs
+three units around the :class:`~ptocube.hdl.systolic.SystolicArray` at once:
+
+* :class:`~ptocube.hdl.operand_feed.OperandFeed` - A, B and scale elements into beats;
+* :class:`~ptocube.hdl.fill_source.FillSource` - initial accumulator rows (C, or Bias for
+  integer BIAS forms);
+* :class:`~ptocube.hdl.result_path.ResultPath` - drained rows through post-processing and
+  the reductions into output words;
+
+sharing the store's one read port through a :class:`~ptocube.hdl.read_arbiter.ReadArbiter`.
+``docs/hdl-cube.md`` describes the schedule and the figures.
+"""
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..model.datatype import DataType
+from ..model.faults import FaultClass
+from ..model.layout import Layout
+from .cell_address import log2_bits, log2_of_power
+from .config import CubeConfig
+from .cube_run import RunLayout
+from .fill_source import FillSource
+from .operand_feed import OperandFeed
+from .read_arbiter import ReadArbiter
+from .result_path import ResultPath
+from .systolic import SystolicArray
+from .tile_desc import OperandRole, PlanLayout
+from .tile_port import MemSpace, TilePortSignature, cell_addr_width
+
+__all__ = ["CubeEngine"]
+
+#: The operands whose descriptors a run needs, in OperandRole order.
+_ROLES = (OperandRole.C, OperandRole.A, OperandRole.A_SCALE, OperandRole.B,
+          OperandRole.B_SCALE, OperandRole.BIAS, OperandRole.ROWMAX_IN,
+          OperandRole.QUANT_VECTOR, OperandRole.ALPHA_VECTOR)
+
+
+class CubeEngine(wiring.Component):
+    """Execution of an approved Matrix plan, PE by PE.
+
+    Parameters
+    ----------
+    config : CubeConfig
+        Array size, type classes and memory sizes.
+    slots : int or None
+        The array's interleaved chains per PE (default: the minimum that hides the MAC
+        latency); a larger value reproduces another build's schedule (benchmarks).
+
+    Members
+    -------
+    tile : Out(TilePortSignature(config))
+        Descriptor lookups, payload reads and the staging writes.
+    plan : In(PlanLayout(config))
+        Held stable from ``start`` until ``done``.
+    out_base : In(ArrayLayout(ArrayLayout(cell_addr_width, 3), 4))
+        Per PE and per plan output entry (``plan.outputs`` order), the CELL address of the
+        newly allocated output register; held like ``plan``.
+    rmode, sat : In(3), In(1)
+        The bundle's B.DATR RMode and Sat (0 without B.DATR).  ``PlanLayout`` does not carry
+        them; held like ``plan``.
+    start : In(1)
+        Strobe, only while idle.
+    busy : Out(1)
+    done : Out(1)
+        One-cycle strobe when every output word is written.
+    commit : Out(1)
+        With ``done``: publish (always: execution of an approved plan cannot fault).
+    fault : Out(FaultClass)
+        Tied to NONE (see ``docs/decisions/hdl-cube.md``).
+    flags : Out(5)
+        NV DZ OF UF NX raised by the group (``convert.Flag`` bit order), valid with ``done``.
+    """
+
+    def __init__(self, config: CubeConfig, slots: int | None = None):
+        if not isinstance(config, CubeConfig):
+            raise TypeError(f"config must be a CubeConfig, not {config!r}")
+        self.config = config
+        self.array = SystolicArray(config, slots)
+        super().__init__({
+            "tile": Out(TilePortSignature(config)),
+            "plan": In(PlanLayout(config)),
+            "out_base": In(data.ArrayLayout(data.ArrayLayout(cell_addr_width(config), 3), 4)),
+            "rmode": In(3), "sat": In(1),
+            "start": In(1), "busy": Out(1), "done": Out(1), "commit": Out(1),
+            "fault": Out(FaultClass), "flags": Out(5),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, plan = self.config, self.plan
+        array = m.submodules.array = self.array
+        slots = array.slots
+        m.submodules.feed = feed = OperandFeed(cfg, array.feed.payload.shape(), slots,
+                                               array.numeric.has_scale)
+        m.submodules.fill = fill = FillSource(cfg, array.fill.payload.shape(), slots)
+        m.submodules.result = result = ResultPath(cfg, array.drain.payload.shape(), slots)
+        m.submodules.reads = reads = ReadArbiter(cfg, 3)
+        wiring.connect(m, feed.feed, array.feed)
+        wiring.connect(m, fill.fill, array.fill)
+        wiring.connect(m, array.drain, result.drain)
+        for index, client in enumerate((fill, result, feed)):
+            wiring.connect(m, client.rd, reads.req[index])
+            m.d.comb += client.rsp.eq(reads.rsp[index])
+        wiring.connect(m, reads.mem_req, wiring.flipped(self.tile.mem_req))
+        wiring.connect(m, wiring.flipped(self.tile.mem_rsp), reads.mem_rsp)
+        wiring.connect(m, result.wr, wiring.flipped(self.tile.mem_wr))
+
+        # ------------------------------------------------------------------
+        # PE loop and descriptor lookups
+        # ------------------------------------------------------------------
+        pe = Signal(2)
+        role = Signal(range(len(_ROLES) + 1))
+        bases = [Signal(cell_addr_width(cfg), name=f"{r.name.lower()}_base") for r in _ROLES]
+        log2ps = [Signal(4, name=f"{r.name.lower()}_log2p") for r in _ROLES]
+        fresh = Signal(init=1)
+        run_start = Signal()
+
+        operand = plan.operands[role]
+        present = Signal()
+        with m.Switch(role):
+            for index, r in enumerate(_ROLES):
+                with m.Case(index):
+                    m.d.comb += present.eq(plan.operands[r.value].present)
+        rsp = self.tile.desc_rsp
+        m.d.comb += [self.tile.desc_req.payload.space.as_value().eq(
+                         Mux(operand.shared, MemSpace.SHARED.value, pe)),
+                     self.tile.desc_req.payload.index.eq(operand.index)]
+        rsp_log2p = log2_of_power(m, rsp.payload.phys_cols, "rsp_log2p")
+
+        mask_bit = [plan.pe_mask[3 - p] for p in range(4)]
+
+        def next_pe_after(p):
+            """Selected PE after ``p`` (PE0 first), and whether there is one."""
+            found, value = 0, 0
+            for q in reversed(range(4)):
+                hit = (q > p) & mask_bit[q]
+                value = Mux(hit, q, value)
+                found = found | hit
+            return found, value
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.comb += result.clear.eq(1)
+                    found, first = next_pe_after(-1)
+                    m.d.sync += [pe.eq(first), role.eq(0)]
+                    m.next = "DESC"
+            with m.State("DESC"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(role == len(_ROLES)):
+                    m.d.comb += run_start.eq(1)
+                    m.next = "RUN"
+                with m.Elif(~present):
+                    m.d.sync += role.eq(role + 1)
+                with m.Else():
+                    m.d.comb += self.tile.desc_req.valid.eq(1)
+                    with m.If(self.tile.desc_req.ready):
+                        m.next = "DESC_WAIT"
+            with m.State("DESC_WAIT"):
+                m.d.comb += [self.busy.eq(1), rsp.ready.eq(1)]
+                with m.If(rsp.valid):
+                    for index in range(len(_ROLES)):
+                        with m.If(role == index):
+                            m.d.sync += [bases[index].eq(rsp.payload.base),
+                                         log2ps[index].eq(rsp_log2p)]
+                    m.d.sync += role.eq(role + 1)
+                    m.next = "DESC"
+            with m.State("RUN"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(feed.done & fill.done & result.done & reads.idle & ~run_start):
+                    m.d.sync += fresh.eq(0)
+                    found, following = next_pe_after(pe)
+                    with m.If(found):
+                        m.d.sync += [pe.eq(following), role.eq(0)]
+                        m.next = "DESC"
+                    with m.Else():
+                        m.d.comb += [self.done.eq(1), self.commit.eq(1)]
+                        m.next = "IDLE"
+        m.d.comb += [self.fault.eq(FaultClass.NONE), self.flags.eq(result.flags)]
+
+        # ------------------------------------------------------------------
+        # The run context of the current PE
+        # ------------------------------------------------------------------
+        run = Signal(RunLayout(cfg))
+        form = plan.op[0:2]
+        is_float = plan.acc_type == int(DataType.FP32)
+        b_log2w = log2_bits(m, plan.b_type, "b_log2w")
+        cr_log2 = (7 - b_log2w)[:3]
+        geometry = plan.d_geometry[pe]
+        m.d.comb += [
+            run.space.as_value().eq(pe), run.m.eq(plan.m), run.n.eq(plan.n), run.k.eq(plan.k),
+            run.a_type.eq(plan.a_type), run.b_type.eq(plan.b_type),
+            run.acc_type.eq(plan.acc_type),
+            run.a_log2w.eq(log2_bits(m, plan.a_type, "a_log2w")), run.b_log2w.eq(b_log2w),
+            run.d_log2w.eq(log2_bits(m, plan.d_type, "d_log2w")),
+            run.b_k_repeat.eq((plan.k + (1 << cr_log2) - 1) >> cr_log2),
+            run.m32.eq(geometry.layout == Layout.CUBE_M32.value),
+            run.a_shared.eq(plan.operands[OperandRole.A.value].shared),
+            run.b_shared.eq(plan.operands[OperandRole.B.value].shared),
+            run.trans_a.eq(plan.trans_a), run.trans_b.eq(plan.trans_b),
+            run.a_scaled.eq(plan.a_scaled), run.b_scaled.eq(plan.b_scaled),
+            run.acc.eq(form == 2), run.int_bias.eq((form == 1) & ~is_float),
+            run.float_bias.eq((form == 1) & is_float),
+            run.d_cells.eq(geometry.cells),
+        ]
+        for index, (r, name) in enumerate(zip(_ROLES, ("c", "a", "a_scale", "b", "b_scale",
+                                                       "bias", "rowmax_in", "quant",
+                                                       "alpha"))):
+            info = getattr(run, name)
+            m.d.comb += [info.space.as_value().eq(Mux(plan.operands[r.value].shared,
+                                                     MemSpace.SHARED.value, pe)),
+                         info.base.eq(bases[index]), info.log2p.eq(log2ps[index])]
+        outputs = self.out_base[pe]
+        group_entry = 1 + plan.row_max
+        m.d.comb += [
+            run.d.space.as_value().eq(pe), run.d.base.eq(outputs[0]),
+            run.row_max.space.as_value().eq(pe), run.row_max.base.eq(outputs[1]),
+            run.row_max.log2p.eq(log2_of_power(m, plan.outputs[1].phys_cols, "rm_log2p")),
+            run.group_max.space.as_value().eq(pe), run.group_max.base.eq(outputs[group_entry]),
+            run.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
+                                                 "gm_log2p")),
+        ]
+        for unit in (feed, fill, result):
+            m.d.comb += [unit.run.eq(run), unit.start.eq(run_start)]
+        m.d.comb += [fill.fresh.eq(fresh), result.fresh.eq(fresh),
+                     result.plan.eq(plan), result.rmode.eq(self.rmode),
+                     result.sat.eq(self.sat)]
+        return m

@@ -1,0 +1,86 @@
+"""What the CUBE engine's units share while they run one PE's share of a Matrix plan.
+
+:class:`RunLayout` is the per-PE *run context* the engine (:mod:`ptocube.hdl.cube`) derives
+from the plan and the operand descriptors before a PE starts, and holds still until the PE
+is finished: where every operand lives (memory space, base CELL, physical columns) and the
+shape facts the address generators need.  :func:`block_walker` is the one definition of the
+order in which the engine visits output blocks; the operand feed, the fill source and the
+result path each run their own copy of it, one group apart.
+"""
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data
+
+from .config import CubeConfig
+from .tile_port import MemSpace, cell_addr_width
+
+__all__ = ["OperandInfo", "RunLayout", "block_walker"]
+
+
+def OperandInfo(config: CubeConfig) -> data.StructLayout:
+    """One operand: its memory ``space``, ``base`` CELL and log2 of its physical columns
+    (row-major tiles; 0 for CUBE layouts)."""
+    return data.StructLayout({"space": MemSpace, "base": cell_addr_width(config),
+                              "log2p": 4})
+
+
+def RunLayout(config: CubeConfig) -> data.StructLayout:
+    """The run context of one PE (see the module docstring).
+
+    ``m``, ``n``, ``k``: dimensions; ``a_type``/``b_type``/``acc_type``: DataType codes;
+    ``a_log2w``/``b_log2w``/``d_log2w``: log2 of the element bits of A, B and D;
+    ``b_k_repeat``: CELLs down K of a Local B (CUBE_N8); ``m32``: A, C and D use CUBE_M32
+    (else CUBE_M16); ``a_shared``/``b_shared``, ``trans_a``/``trans_b``: Shared primaries and
+    their TransA/TransB; ``a_scaled``/``b_scaled``: MX scales; ``acc``: ACC form (C fills
+    the chains); ``int_bias``: integer BIAS form (Bias fills the chains); ``float_bias``:
+    floating BIAS form (one extra term 1.0 x Bias[j]); ``operands``: the nine sources;
+    ``d``, ``row_max``, ``group_max``: the output registers (``log2p`` their physical
+    columns); ``d_cells``: D's CELL count; ``space``: this PE's Local memory.
+    """
+    info = OperandInfo(config)
+    return data.StructLayout({
+        "space": MemSpace,
+        "m": 16, "n": 16, "k": 16,
+        "a_type": 5, "b_type": 5, "acc_type": 5,
+        "a_log2w": 3, "b_log2w": 3, "d_log2w": 3,
+        "b_k_repeat": 13,
+        "m32": 1, "a_shared": 1, "b_shared": 1, "trans_a": 1, "trans_b": 1,
+        "a_scaled": 1, "b_scaled": 1, "acc": 1, "int_bias": 1, "float_bias": 1,
+        "a": info, "b": info, "a_scale": info, "b_scale": info, "c": info, "bias": info,
+        "rowmax_in": info, "quant": info, "alpha": info,
+        "d": info, "row_max": info, "group_max": info,
+        "d_cells": 11,
+    })
+
+
+def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, n_dim,
+                 restart, step) -> tuple[list, Signal]:
+    """Output blocks of the current group, and whether the walk is past the last group.
+
+    Blocks of ``rows`` x ``cols`` outputs are visited row-major ((0, 0), (0, C), ...,
+    (R, 0), ...), ``slots`` per group.  ``restart`` goes back to the first group, ``step``
+    to the next.  Returns, per slot, ``(row0, col0, used)`` - the block's first output row
+    and column and whether the slot has a block - and ``done`` (no block left: the group
+    after the last).
+    """
+    row0 = Signal(16, name=f"{name}_row0")
+    col0 = Signal(16, name=f"{name}_col0")
+
+    def advance(r, c):
+        wrap = c + cols >= n_dim
+        return Mux(wrap, r + rows, r)[:16], Mux(wrap, 0, c + cols)[:16]
+
+    slot_blocks = []
+    r, c = row0, col0
+    for s in range(slots):
+        if s:
+            r, c = advance(r, c)
+        slot_blocks.append((r, c, r < m_dim))
+    next_r, next_c = advance(r, c)
+    with m.If(restart):
+        m.d.sync += [row0.eq(0), col0.eq(0)]
+    with m.Elif(step):
+        m.d.sync += [row0.eq(next_r), col0.eq(next_c)]
+    done = Signal(name=f"{name}_done")
+    m.d.comb += done.eq(row0 >= m_dim)
+    return slot_blocks, done

@@ -1,0 +1,167 @@
+"""One payload read port shared by several clients of the CUBE engine.
+
+The tile store answers reads in request order (``hdl/tile_port.py``).  :class:`ReadArbiter`
+lets several clients (the operand feed, the fill source, the result path) share that port:
+it grants the lowest-numbered client that asks, remembers in a small FIFO which client (and
+which of its lanes, ``tag``) each outstanding request belongs to, and returns every response
+to its owner in the cycle it arrives.  A client must take a response at once (its ``rsp`` is
+valid-only), which every client guarantees by asking only for words it has a register for:
+responses therefore never wait, and no client can block another's.
+
+:func:`lane_cache` is the client side: a set of *lanes*, each holding one payload word and
+the address it came from (two for a lane that reads ahead); a lane whose next element lies
+in another word asks for that word.
+"""
+
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .config import CubeConfig
+from .tile_port import MemReqLayout, MemSpace, word_addr_width
+
+__all__ = ["ReadReqLayout", "ReadRspLayout", "ReadArbiter", "lane_cache", "TAG_WIDTH"]
+
+#: Width of a client's tag (a lane number and which of its two registers).
+TAG_WIDTH = 9
+
+
+def ReadReqLayout(config: CubeConfig) -> data.StructLayout:
+    """A client's read: memory space, 64-bit word address, and the tag its answer carries."""
+    return data.StructLayout({"space": MemSpace, "addr": word_addr_width(config),
+                              "tag": TAG_WIDTH})
+
+
+#: An answer to a client: ``valid`` for one cycle, the request's ``tag`` and the word.
+ReadRspLayout = data.StructLayout({"valid": 1, "tag": TAG_WIDTH, "data": 64})
+
+
+class ReadArbiter(wiring.Component):
+    """Fixed-priority sharing of ``mem_req``/``mem_rsp`` among ``clients`` read clients.
+
+    Members
+    -------
+    req : In(stream.Signature(ReadReqLayout)).array(clients)
+        Client reads; client 0 has the highest priority.
+    rsp : Out(ReadRspLayout).array(clients)
+        Answers, in each client's request order.
+    mem_req : Out(stream.Signature(MemReqLayout)), mem_rsp : In(stream.Signature(64))
+        The tile store's read port.  At most ``depth`` reads are outstanding.
+    idle : Out(1)
+        No read is outstanding.
+    """
+
+    def __init__(self, config: CubeConfig, clients: int, depth: int = 4):
+        self.clients = clients
+        self.depth = depth
+        super().__init__({
+            "req": In(stream.Signature(ReadReqLayout(config))).array(clients),
+            "rsp": Out(ReadRspLayout).array(clients),
+            "mem_req": Out(stream.Signature(MemReqLayout(config))),
+            "mem_rsp": In(stream.Signature(64)),
+            "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        owner_width = max(1, (self.clients - 1).bit_length())
+        m.submodules.owners = owners = fifo.SyncFIFO(width=owner_width + TAG_WIDTH,
+                                                     depth=self.depth)
+        grant = Signal(range(max(2, self.clients)))
+        any_valid = Signal()
+        for i in reversed(range(self.clients)):
+            with m.If(self.req[i].valid):
+                m.d.comb += [grant.eq(i), any_valid.eq(1)]
+        for i in range(self.clients):
+            with m.If(grant == i):
+                m.d.comb += [self.mem_req.payload.space.eq(self.req[i].payload.space),
+                             self.mem_req.payload.addr.eq(self.req[i].payload.addr),
+                             owners.w_data.eq(self.req[i].payload.tag << owner_width | i)]
+            m.d.comb += self.req[i].ready.eq((grant == i) & owners.w_rdy & self.mem_req.ready)
+        m.d.comb += [self.mem_req.valid.eq(any_valid & owners.w_rdy),
+                     owners.w_en.eq(self.mem_req.valid & self.mem_req.ready),
+                     self.mem_rsp.ready.eq(1),
+                     owners.r_en.eq(self.mem_rsp.valid),
+                     self.idle.eq(~owners.r_rdy)]
+        owner = owners.r_data[:owner_width]
+        for i in range(self.clients):
+            m.d.comb += [self.rsp[i].valid.eq(self.mem_rsp.valid & (owner == i)),
+                         self.rsp[i].tag.eq(owners.r_data[owner_width:]),
+                         self.rsp[i].data.eq(self.mem_rsp.payload)]
+        return m
+
+
+def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear) -> tuple:
+    """Word registers for ``lanes`` of one read client; returns ``(all_hit, words)``.
+
+    ``lanes``: per lane ``(need, space, addr)`` - whether the lane needs a word now, and
+    which - optionally followed by ``(ahead_need, ahead_addr)``: the word the lane will need
+    next.  ``req``: the client's read stream (driven here), ``rsp``: its answers, ``clear``:
+    forget every word (the memory contents may have changed; only while no read is
+    outstanding).  A lane is a hit when it needs nothing or holds its word.  A missing lane
+    asks for its word (one request per cycle, lowest lane first); when no lane misses, a
+    lane with an ``ahead`` word asks for that one into its second register, so that reads
+    overlap the beats that use the words already there.
+    """
+    words, hits, asks = [], [], []
+    for index, lane in enumerate(lanes):
+        need, space, addr = lane[0], Value.cast(lane[1]), lane[2]
+        ahead_need, ahead_addr = lane[3:] if len(lane) > 3 else (0, addr)
+        held = []
+        for r in range(2 if len(lane) > 3 else 1):
+            held.append({
+                "word": Signal(64, name=f"{name}{index}_word{r}"),
+                "space": Signal(len(space), name=f"{name}{index}_space{r}"),
+                "addr": Signal(len(addr), name=f"{name}{index}_addr{r}"),
+                "valid": Signal(name=f"{name}{index}_valid{r}"),
+                "pending": Signal(name=f"{name}{index}_pending{r}"),
+            })
+        for h in held:
+            h["match"] = h["valid"] & (h["addr"] == addr) & (h["space"] == space)
+            h["ahead"] = h["valid"] & (h["addr"] == ahead_addr) & (h["space"] == space)
+        matched = Cat(*(h["match"] for h in held)).any()
+        ready = Cat(*(h["match"] & ~h["pending"] for h in held)).any()
+        word = held[0]["word"]
+        for h in held[1:]:
+            word = Mux(h["match"], h["word"], word)
+        # A register to (re)load: not waiting for a word, not holding the current one.
+        victim = Signal(range(2), name=f"{name}{index}_victim")
+        free = Signal(name=f"{name}{index}_free")
+        for r in reversed(range(len(held))):
+            with m.If(~held[r]["pending"] & ~(need & held[r]["match"])):
+                m.d.comb += [victim.eq(r), free.eq(1)]
+        ask_now = need & ~matched & free
+        ask_ahead = ahead_need & ~Cat(*(h["ahead"] for h in held)).any() & free \
+            & (~need | matched)
+        for r, h in enumerate(held):
+            with m.If(rsp.valid & (rsp.tag == 2 * index + r)):
+                m.d.sync += [h["word"].eq(rsp.data), h["pending"].eq(0)]
+            with m.If(clear):
+                m.d.sync += h["valid"].eq(0)
+        words.append(word)
+        hits.append(~need | ready)
+        asks.append((ask_now, ask_ahead, space, addr, ahead_addr, victim, held))
+
+    chosen = Signal(range(max(2, len(lanes))), name=f"{name}_ask")
+    asking = Signal(name=f"{name}_asking")
+    early = Signal(name=f"{name}_ahead")
+    for index in reversed(range(len(lanes))):
+        with m.If(asks[index][1] & ~clear):
+            m.d.comb += [chosen.eq(index), asking.eq(1), early.eq(1)]
+    for index in reversed(range(len(lanes))):
+        with m.If(asks[index][0] & ~clear):
+            m.d.comb += [chosen.eq(index), asking.eq(1), early.eq(0)]
+    m.d.comb += req.valid.eq(asking)
+    for index, (_, _, space, addr, ahead_addr, victim, held) in enumerate(asks):
+        target = Mux(early, ahead_addr, addr)
+        with m.If(chosen == index):
+            m.d.comb += [req.payload.space.as_value().eq(space), req.payload.addr.eq(target),
+                         req.payload.tag.eq(2 * index + victim)]
+            with m.If(req.valid & req.ready):
+                for r, h in enumerate(held):
+                    with m.If(victim == r):
+                        m.d.sync += [h["space"].eq(space), h["addr"].eq(target),
+                                     h["valid"].eq(1), h["pending"].eq(1)]
+    all_hit = Signal(name=f"{name}_all_hit")
+    m.d.comb += all_hit.eq(Cat(*hits).all() if hits else 1)
+    return all_hit, words

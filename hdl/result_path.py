@@ -1,0 +1,372 @@
+"""The result path of the CUBE engine: drained accumulators to output payload words.
+
+:class:`ResultPath` takes the rows the systolic array drains for one PE's run and turns
+them into the words of D, RowMaxOut and GroupMaxOut:
+
+1. **Intake.** Drained rows come R x L per group, one group behind the feed; the first
+   row sets of a run carry no results (the opening null group, and before it the previous
+   run's closing null group unless the array is fresh from reset) and are dropped.  A row
+   of a real group is kept when its block exists and its row is below M.
+2. **Serializer.** One element per cycle, columns below N, into
+   :class:`~ptocube.hdl.postprocess.PostProcess` with its column's quantization / PReLU
+   words (read from the 1 x N U64 vector tiles).  Blocks are visited row-major and drained
+   row by row, so for each array row i the elements of output rows i, R + i, 2R + i, ...
+   arrive in row-major order: RowMax and GroupMax are folded by one
+   :class:`~ptocube.hdl.reduce.MaxReduce` per array row (bank), seeded with RowMaxIn.
+   ``PostProcess`` itself converts elements only (its reductions are off).
+3. **Writer.** D elements are merged into one 64-bit word per bank and written when the
+   element moves to another word or the row ends; RowMaxOut and GroupMaxOut elements are
+   written as they complete.  Before any of that, the run writes zeros over D's CELL
+   storage and the two row-major outputs' rows, so that every padding byte is what the
+   model's payload holds.
+"""
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..model.datatype import DataType
+from .cell_address import (byte_mask, cube_m_bits, extract, row_major_bits,
+                           word_and_offset)
+from .config import CubeConfig
+from .cube_run import RunLayout, block_walker
+from .encoders import SrcKind
+from .postprocess import PostProcess
+from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
+from .reduce import MaxReduce
+from .tile_desc import ParamSource, PlanLayout
+from .tile_port import MemWriteLayout, word_addr_width
+
+__all__ = ["ResultPath"]
+
+
+class ResultPath(wiring.Component):
+    """Drained rows in, output payload words out, for one PE's run at a time.
+
+    Members
+    -------
+    run : In(RunLayout(config)), plan : In(PlanLayout(config)), rmode : In(3), sat : In(1)
+        The run context, the plan (post-processing fields) and B.DATR RMode/Sat.
+    start : In(1), fresh : In(1), done : Out(1)
+        Begin a run (strobe while idle; ``fresh``: the array has not exchanged since reset);
+        ``done`` is high while idle.
+    clear : In(1)
+        Clear the sticky ``flags`` (once per bundle, while idle).
+    flags : Out(5)
+        NV DZ OF UF NX raised since ``clear`` (conversions and reductions).
+    drain : In(stream.Signature(drain_shape))
+    rd, rsp : the read client (vector parameter words, RowMaxIn).
+    wr : Out(stream.Signature(MemWriteLayout(config)))
+    """
+
+    def __init__(self, config: CubeConfig, drain_shape, slots: int):
+        self.config = config
+        self.slots = slots
+        super().__init__({
+            "run": In(RunLayout(config)), "plan": In(PlanLayout(config)),
+            "rmode": In(3), "sat": In(1),
+            "start": In(1), "fresh": In(1), "done": Out(1),
+            "clear": In(1), "flags": Out(5),
+            "drain": In(stream.Signature(drain_shape)),
+            "rd": Out(stream.Signature(ReadReqLayout(config))),
+            "rsp": In(ReadRspLayout),
+            "wr": Out(stream.Signature(MemWriteLayout(config))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, run, plan = self.config, self.run, self.plan
+        rows, cols, slots = cfg.rows, cfg.cols, self.slots
+        aw = word_addr_width(cfg)
+        row_bits = max(1, (rows - 1).bit_length())
+
+        running = Signal()
+        # ------------------------------------------------------------------
+        # Prefill: zeros over D's CELLs, then over RowMaxOut's and GroupMaxOut's rows
+        # ------------------------------------------------------------------
+        pre_region = Signal(2)
+        pre_index = Signal(16)
+        pre_done = Signal()
+        region_words = Signal(16)
+        region_base = Signal(aw)
+        with m.Switch(pre_region):
+            with m.Case(0):
+                m.d.comb += [region_words.eq(run.d_cells << 4), region_base.eq(run.d.base << 4)]
+            with m.Case(1):
+                m.d.comb += [region_words.eq(Mux(plan.row_max,
+                                                 ((run.m << run.row_max.log2p) + 1) >> 1, 0)),
+                             region_base.eq(run.row_max.base << 4)]
+            with m.Case(2):
+                m.d.comb += [region_words.eq(Mux(plan.group_max,
+                                                 ((run.m << run.group_max.log2p) + 1) >> 1, 0)),
+                             region_base.eq(run.group_max.base << 4)]
+        m.d.comb += pre_done.eq(pre_region == 3)
+        pre_valid = running & ~pre_done & (pre_index < region_words)
+        pre_taken = Signal()
+        with m.If(running & ~pre_done):
+            with m.If(pre_index >= region_words):
+                m.d.sync += [pre_region.eq(pre_region + 1), pre_index.eq(0)]
+            with m.Elif(pre_taken):
+                m.d.sync += pre_index.eq(pre_index + 1)
+
+        # ------------------------------------------------------------------
+        # Intake: drop the empty row sets, keep rows of real blocks below M
+        # ------------------------------------------------------------------
+        junk = Signal(2)
+        step_group = Signal()
+        restart = Signal()
+        blocks, walk_done = block_walker(m, "drain", rows, cols, slots, run.m, run.n,
+                                         restart, step_group)
+        d_row = self.drain.payload.row
+        d_slot = self.drain.payload.slot
+        row0 = Signal(16)
+        col0 = Signal(16)
+        used = Signal()
+        for index, (r, c, u) in enumerate(blocks):
+            with m.If(d_slot == index):
+                m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u)]
+
+        buf_valid = Signal()
+        buf = Signal(data.ArrayLayout(32, cols))
+        buf_bank = Signal(row_bits)
+        buf_row = Signal(16)
+        buf_col0 = Signal(16)
+        ser_j = Signal(range(cols + 1))
+        buf_free = Signal()
+        m.d.comb += self.drain.ready.eq(running & ((junk != 0) | (~walk_done & buf_free)))
+        got = self.drain.valid & self.drain.ready
+        set_end = got & (d_row == rows - 1) & (d_slot == slots - 1)
+        with m.If(got & set_end):
+            with m.If(junk != 0):
+                m.d.sync += junk.eq(junk - 1)
+            with m.Else():
+                m.d.comb += step_group.eq(1)
+        keep = got & (junk == 0) & used & (row0 + d_row < run.m)
+        with m.If(keep):
+            m.d.sync += [buf_valid.eq(1), buf.eq(self.drain.payload.data), buf_bank.eq(d_row),
+                         buf_row.eq(row0 + d_row), buf_col0.eq(col0), ser_j.eq(0)]
+
+        # ------------------------------------------------------------------
+        # Serializer: one element per cycle into PostProcess and the reduction banks
+        # ------------------------------------------------------------------
+        m.submodules.post = post = PostProcess(cfg)
+        m.d.comb += [
+            post.plan.acc_type.eq(plan.acc_type),
+            post.plan.pre_quant_mode.eq(plan.pre_quant_mode),
+            post.plan.relu_mode.eq(plan.relu_mode),
+            post.plan.rmode.eq(self.rmode), post.plan.sat.eq(self.sat),
+            post.plan.quant_scalar.eq(plan.quant_scalar),
+            post.plan.alpha_scalar.eq(plan.alpha_scalar),
+            post.clear.eq(self.clear),
+        ]
+        gi = buf_row
+        gj = (buf_col0 + ser_j)[:16]
+        row_last = gj + 1 == run.n
+        elem = Signal(32)
+        with m.Switch(ser_j):
+            for j in range(cols):
+                with m.Case(j):
+                    m.d.comb += elem.eq(buf[j])
+        element = buf_valid & (ser_j < cols) & (gj < run.n)
+        m.d.comb += buf_free.eq(~buf_valid | ~element)
+
+        need_quant = element & (plan.quant_source == ParamSource.VECTOR)
+        need_alpha = element & (plan.alpha_source == ParamSource.VECTOR)
+        need_seed = element & plan.row_max & plan.row_max_init & row_last
+        q_addr, _ = word_and_offset(run.quant.base, gj << 6, aw)
+        a_addr, _ = word_and_offset(run.alpha.base, gj << 6, aw)
+        s_addr, s_off = word_and_offset(run.rowmax_in.base,
+                                        row_major_bits(5, run.rowmax_in.log2p, gi, 0), aw)
+        params_hit, (q_word, a_word, s_word) = lane_cache(
+            m, "param", [(need_quant, run.quant.space, q_addr),
+                         (need_alpha, run.alpha.space, a_addr),
+                         (need_seed, run.rowmax_in.space, s_addr)],
+            self.rd, self.rsp, self.start)
+        seed = extract(s_word, s_off, 5, 32)
+
+        # Per-bank group position.
+        gcol = [Signal(8, name=f"gcol{b}") for b in range(rows)]
+        gidx = [Signal(16, name=f"gidx{b}") for b in range(rows)]
+        cur_gcol = Signal(8)
+        cur_gidx = Signal(16)
+        for b in range(rows):
+            with m.If(buf_bank == b):
+                m.d.comb += [cur_gcol.eq(Mux(gj == 0, 0, gcol[b])),
+                             cur_gidx.eq(Mux(gj == 0, 0, gidx[b]))]
+        group_last = row_last | (cur_gcol + 1 == plan.group_n)
+        reduces = (plan.row_max & row_last) | (plan.group_max & group_last)
+
+        # Reduction banks and their 3-cycle delay line.
+        src = Signal(SrcKind)
+        with m.Switch(plan.acc_type):
+            with m.Case(int(DataType.S32)):
+                m.d.comb += src.eq(SrcKind.S32)
+            with m.Case(int(DataType.U32)):
+                m.d.comb += src.eq(SrcKind.U32)
+        sources = ({SrcKind.FP32} if cfg.float_types else set()) | \
+            ({SrcKind.S32, SrcKind.U32} if cfg.int_types else set())
+        line = [Signal(data.StructLayout({"valid": 1, "bank": row_bits, "row": 16,
+                                          "group": 16, "row_last": 1, "group_last": 1}),
+                       name=f"red_line{t}") for t in range(MaxReduce.latency)]
+        red_busy = Cat(*(st.valid & (st.row_last | st.group_last) for st in line)).any()
+
+        row_hold_valid = Signal()
+        group_hold_valid = Signal()
+        red_busy = red_busy | row_hold_valid | group_hold_valid
+
+        m.submodules.coords = coords = fifo.SyncFIFOBuffered(width=row_bits + 32, depth=8)
+        push = Signal()
+        m.d.comb += push.eq(element & params_hit & post.acc_in.ready & coords.w_rdy
+                            & pre_done & ~(reduces & red_busy))
+        m.d.comb += [
+            post.acc_in.valid.eq(push),
+            post.acc_in.payload.p.eq(elem), post.acc_in.payload.last.eq(row_last),
+            post.acc_in.payload.quant.eq(q_word), post.acc_in.payload.alpha.eq(a_word),
+            coords.w_en.eq(push), coords.w_data.eq(Cat(buf_bank, gi, gj)),
+        ]
+        with m.If(push):
+            m.d.sync += ser_j.eq(ser_j + 1)
+            for b in range(rows):
+                with m.If(buf_bank == b):
+                    m.d.sync += [gcol[b].eq(Mux(group_last, 0, cur_gcol + 1)),
+                                 gidx[b].eq(Mux(group_last, cur_gidx + 1, cur_gidx))]
+        with m.If(buf_valid & ~element):
+            m.d.sync += buf_valid.eq(0)
+        with m.If(keep):
+            m.d.sync += buf_valid.eq(1)
+
+        row_banks, group_banks = [], []
+        for b in range(rows):
+            for kind, first, last, seed_en, banks in (
+                    ("row", gj == 0, row_last, plan.row_max_init, row_banks),
+                    ("group", cur_gcol == 0, group_last, 0, group_banks)):
+                red = m.submodules[f"{kind}_max{b}"] = MaxReduce(sources)
+                m.d.comb += [red.src.eq(src), red.max_abs.eq(plan.max_abs),
+                             red.valid.eq(push & (buf_bank == b)), red.value.eq(elem),
+                             red.first.eq(first), red.last.eq(last), red.seed.eq(seed),
+                             red.seed_en.eq(seed_en)]
+                banks.append(red)
+        m.d.sync += line[0].eq(Cat(push, buf_bank, gi, cur_gidx, row_last & plan.row_max,
+                                   group_last & plan.group_max))
+        for t in range(1, len(line)):
+            m.d.sync += line[t].eq(line[t - 1])
+        out = line[-1]
+        red_flags = Signal(5)
+        m.d.comb += red_flags.eq(Mux(out.valid & plan.row_max, row_banks[0].flags, 0)
+                                 | Mux(out.valid & plan.group_max, group_banks[0].flags, 0))
+        row_result = Signal(32)
+        group_result = Signal(32)
+        for b in range(rows):
+            with m.If(out.bank == b):
+                m.d.comb += [row_result.eq(row_banks[b].result),
+                             group_result.eq(group_banks[b].result)]
+
+        # Reduction outputs wait in one register each (the serializer holds back an element
+        # that closes a row or group while one is pending).
+        holds = []
+        for kind, fire, info, column, result, hold_valid in (
+                ("rowmax", out.valid & out.row_last, run.row_max, 0, row_result,
+                 row_hold_valid),
+                ("groupmax", out.valid & out.group_last, run.group_max, out.group,
+                 group_result, group_hold_valid)):
+            hold = Signal(MemWriteLayout(cfg), name=f"{kind}_hold")
+            addr, off = word_and_offset(info.base, row_major_bits(5, info.log2p, out.row,
+                                                                   column), aw)
+            with m.If(fire):
+                m.d.sync += [hold_valid.eq(1), hold.space.eq(run.space), hold.addr.eq(addr),
+                             hold.data.eq(result << off), hold.mask.eq(0xF << (off >> 3))]
+            holds.append((hold, hold_valid))
+
+        # ------------------------------------------------------------------
+        # D words: one assembly register per bank
+        # ------------------------------------------------------------------
+        d_beat = post.d_out.payload
+        c_bank = coords.r_data[:row_bits]
+        c_row = coords.r_data[row_bits:row_bits + 16]
+        c_col = coords.r_data[row_bits + 16:row_bits + 32]
+        d_addr, d_off = word_and_offset(run.d.base,
+                                        cube_m_bits(run.m32, run.d_log2w, c_row, c_col), aw)
+        d_ins = (extract(d_beat.d, 0, run.d_log2w, 32) << d_off)[:64]
+        d_mask = byte_mask(run.d_log2w, d_off)
+        d_row_end = c_col + 1 == run.n
+
+        asm_valid = [Signal(name=f"asm{b}_valid") for b in range(rows)]
+        asm_addr = [Signal(aw, name=f"asm{b}_addr") for b in range(rows)]
+        asm_data = [Signal(64, name=f"asm{b}_data") for b in range(rows)]
+        asm_mask = [Signal(8, name=f"asm{b}_mask") for b in range(rows)]
+        cur_valid = Signal()
+        cur_addr = Signal(aw)
+        cur_data = Signal(64)
+        cur_mask = Signal(8)
+        for b in range(rows):
+            with m.If(c_bank == b):
+                m.d.comb += [cur_valid.eq(asm_valid[b]), cur_addr.eq(asm_addr[b]),
+                             cur_data.eq(asm_data[b]), cur_mask.eq(asm_mask[b])]
+        wr_d = Signal(MemWriteLayout(cfg))
+        wr_d_valid = Signal()
+        conflict = cur_valid & (cur_addr != d_addr)
+        merged_data = Mux(cur_valid, cur_data, 0) | d_ins
+        merged_mask = Mux(cur_valid, cur_mask, 0) | d_mask
+        d_here = post.d_out.valid & ~wr_d_valid
+        m.d.comb += [post.d_out.ready.eq(~wr_d_valid & ~conflict),
+                     coords.r_en.eq(post.d_out.valid & post.d_out.ready)]
+        for b in range(rows):
+            with m.If(d_here & (c_bank == b)):
+                with m.If(conflict):
+                    m.d.sync += [asm_valid[b].eq(0), wr_d_valid.eq(1), wr_d.space.eq(run.space),
+                                 wr_d.addr.eq(asm_addr[b]), wr_d.data.eq(asm_data[b]),
+                                 wr_d.mask.eq(asm_mask[b])]
+                with m.Elif(d_row_end):
+                    m.d.sync += [asm_valid[b].eq(0), wr_d_valid.eq(1), wr_d.space.eq(run.space),
+                                 wr_d.addr.eq(d_addr), wr_d.data.eq(merged_data),
+                                 wr_d.mask.eq(merged_mask)]
+                with m.Else():
+                    m.d.sync += [asm_valid[b].eq(1), asm_addr[b].eq(d_addr),
+                                 asm_data[b].eq(merged_data), asm_mask[b].eq(merged_mask)]
+
+        # ------------------------------------------------------------------
+        # Write port: reductions, D, prefill (the prefill ends before any data exists)
+        # ------------------------------------------------------------------
+        (row_hold, _), (group_hold, _) = holds
+        wr = self.wr
+        with m.If(row_hold_valid):
+            m.d.comb += [wr.valid.eq(1), wr.payload.eq(row_hold)]
+            with m.If(wr.ready):
+                m.d.sync += row_hold_valid.eq(0)
+        with m.Elif(group_hold_valid):
+            m.d.comb += [wr.valid.eq(1), wr.payload.eq(group_hold)]
+            with m.If(wr.ready):
+                m.d.sync += group_hold_valid.eq(0)
+        with m.Elif(wr_d_valid):
+            m.d.comb += [wr.valid.eq(1), wr.payload.eq(wr_d)]
+            with m.If(wr.ready):
+                m.d.sync += wr_d_valid.eq(0)
+        with m.Elif(pre_valid):
+            m.d.comb += [wr.valid.eq(1), wr.payload.space.eq(run.space),
+                         wr.payload.addr.eq(region_base + pre_index), wr.payload.data.eq(0),
+                         wr.payload.mask.eq(0xFF), pre_taken.eq(wr.ready)]
+
+        # Flags: conversions (PostProcess) and reduction steps.
+        red_sticky = Signal(5)
+        m.d.sync += red_sticky.eq(Mux(self.clear, 0, red_sticky | red_flags))
+        m.d.comb += self.flags.eq(post.flags | red_sticky)
+
+        # ------------------------------------------------------------------
+        # Run control
+        # ------------------------------------------------------------------
+        idle_inside = ~buf_valid & ~post.busy & ~post.d_out.valid & ~coords.r_rdy \
+            & ~Cat(*(st.valid for st in line)).any() & ~row_hold_valid & ~group_hold_valid \
+            & ~wr_d_valid & pre_done
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.done.eq(1)
+                with m.If(self.start):
+                    m.d.comb += restart.eq(1)
+                    m.d.sync += [junk.eq(Mux(self.fresh, 1, 2)), pre_region.eq(0),
+                                 pre_index.eq(0), running.eq(1)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                with m.If(walk_done & (junk == 0) & idle_inside):
+                    m.d.sync += running.eq(0)
+                    m.next = "IDLE"
+        return m

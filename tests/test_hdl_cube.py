@@ -1,0 +1,199 @@
+"""The CUBE execution engine (hdl/cube.py) against the golden model, word for word.
+
+Every case is a model State and a bundle that passed the model's preflight
+(:mod:`cube_cases`); the plan is encoded with :meth:`PlanLayout.encode`, the state is laid
+out in a testbench tile store full of garbage (:mod:`cube_bench_store`), and the engine's
+output payloads - D's whole CELLs and the row-major outputs' rows, padding included - and
+its flags are compared with :func:`ptocube.model.execute.execute_matrix`.  Cases of one test
+run back to back in one simulation, so the engine also goes from plan to plan as it would
+in the unit.  ``slow`` tests add thousands of random plans.
+"""
+
+import numpy as np
+import pytest
+
+from ptocube.hdl.config import CubeConfig
+from ptocube.hdl.cube import CubeEngine
+from ptocube.model.bundle import Operation
+from ptocube.model.datatype import DataType
+from ptocube.model.layout import Layout
+from ptocube.model.postprocess import PREQUANT_MODES
+
+from cube_bench_store import check_against_model, run_engine
+from cube_cases import MATRIX_OPS, make_case, random_case, random_raw
+
+FULL = CubeConfig(rows=2, cols=2, tile_bytes_per_pe=64 * 1024, shared_bytes=64 * 1024)
+INT = CubeConfig(rows=2, cols=2, float_types=False, mx_types=False,
+                 tile_bytes_per_pe=64 * 1024, shared_bytes=64 * 1024)
+ODD = CubeConfig(rows=3, cols=2, float_types=False, mx_types=False,
+                 tile_bytes_per_pe=64 * 1024, shared_bytes=64 * 1024)
+T = DataType
+
+
+def check(config, jobs, **kw):
+    """Run ``jobs`` (``(state, plan)`` pairs) on one engine and compare each with the model."""
+    runs = run_engine(CubeEngine(config), jobs, **kw)
+    for index, ((state, plan), run) in enumerate(zip(jobs, runs)):
+        try:
+            check_against_model(state, plan, run)
+        except AssertionError as error:
+            f = plan.bundle.fpatr
+            raise AssertionError(
+                f"case {index}: {plan.op.name} {plan.a_type.name} x {plan.b_type.name} "
+                f"{plan.m}x{plan.n}x{plan.k} mask {plan.bundle.pe_mask:04b} shared "
+                f"{plan.shared} {f}: {error}") from None
+    return runs
+
+
+def cases(seed, config, specs):
+    rng = np.random.default_rng(seed)
+    return [make_case(rng, config, **spec) for spec in specs]
+
+
+def test_each_function():
+    """All twelve Matrix functions, random types and post-processing, small shapes."""
+    check(FULL, cases(1, FULL, [{"op": op, "max_mnk": (5, 5, 9)} for op in MATRIX_OPS]))
+
+
+def test_shapes():
+    """1 x 1 x 1, TGEMV, and sizes that are not multiples of R, C or 32."""
+    specs = [
+        {"op": Operation.TMATMUL, "a_type": T.FP16, "b_type": T.FP16, "m": 1, "n": 1, "k": 1},
+        {"op": Operation.TMATMUL, "a_type": T.S8, "b_type": T.S8, "m": 1, "n": 1, "k": 1},
+        {"op": Operation.TGEMV, "a_type": T.BF16, "b_type": T.BF16, "n": 5, "k": 33},
+        {"op": Operation.TGEMV_MX, "a_type": T.E4M3, "b_type": T.E2M1X2, "n": 3, "k": 65},
+        {"op": Operation.TMATMUL, "a_type": T.E5M2, "b_type": T.E4M3, "m": 3, "n": 5,
+         "k": 33},
+        {"op": Operation.TMATMUL_MX_ACC, "a_type": T.E1M2X2, "b_type": T.FP16, "m": 5,
+         "n": 3, "k": 31},
+        {"op": Operation.TMATMUL_BIAS, "a_type": T.S4X2, "b_type": T.S8, "m": 17, "n": 3,
+         "k": 7, "m_layout": Layout.CUBE_M32},
+    ]
+    check(FULL, cases(2, FULL, specs))
+
+
+FLOAT_PAIRS = [(T.FP16, T.FP16), (T.BF16, T.BF16), (T.FP32, T.FP32), (T.TF32, T.TF32),
+               (T.HF32, T.FP32), (T.HiF8, T.E4M3), (T.E5M2, T.E3M2), (T.E2M3, T.E2M1X2),
+               (T.E1M2X2, T.E2M1X2)]
+MX_PAIRS = [(T.FP16, T.BF16), (T.E4M3, T.E5M2), (T.E2M1X2, T.E1M2X2), (T.E4M3, T.FP16),
+            (T.BF16, T.E2M1X2)]
+INT_PAIRS = [(T.S16, T.S16), (T.S8, T.S4X2), (T.S4X2, T.S4X2), (T.U16, T.U8),
+             (T.U4X2, T.U16), (T.U8, T.U8)]
+
+
+def test_float_and_mx_type_pairs():
+    specs = [{"op": Operation.TMATMUL, "a_type": a, "b_type": b, "max_mnk": (3, 3, 12)}
+             for a, b in FLOAT_PAIRS]
+    specs += [{"op": Operation.TMATMUL_MX, "a_type": a, "b_type": b, "max_mnk": (3, 3, 40)}
+              for a, b in MX_PAIRS]
+    check(FULL, cases(3, FULL, specs))
+
+
+def test_integer_type_pairs():
+    """Integer pairs on the integer-only build and on the full build."""
+    specs = [{"op": op, "a_type": a, "b_type": b, "max_mnk": (4, 5, 20)}
+             for op in (Operation.TMATMUL, Operation.TMATMUL_BIAS)
+             for a, b in INT_PAIRS]
+    check(INT, cases(4, INT, specs))
+    check(FULL, cases(5, FULL, specs[:4]))
+
+
+def _extreme(rng, role, dtype, shape):
+    """Operands that overflow, underflow, cancel and carry NaN/infinity."""
+    raw = random_raw(rng, dtype, shape, special=0.3)
+    if dtype.bits < 16 or role in ("quant", "alpha"):
+        return raw
+    bits = dtype.bits
+    exp_bits = 5 if dtype is T.FP16 else 8
+    frac = bits - 1 - exp_bits
+    top = (1 << exp_bits) - 1
+    pick = rng.integers(0, 4, shape)
+    exp = np.where(pick == 0, top - 1, np.where(pick == 1, 0, np.where(pick == 2, 1, top)))
+    sign = rng.integers(0, 2, shape, dtype=np.uint64)
+    extreme = (sign << (bits - 1)) | (exp.astype(np.uint64) << frac) | \
+        (raw & ((1 << frac) - 1))
+    return np.where(rng.random(shape) < 0.5, extreme, raw).astype(np.uint64)
+
+
+def test_fp_specials_subnormals_overflow_cancellation():
+    specs = [{"op": op, "a_type": a, "b_type": a, "max_mnk": (3, 3, 10), "payload": _extreme}
+             for op in (Operation.TMATMUL, Operation.TMATMUL_ACC, Operation.TMATMUL_BIAS)
+             for a in (T.FP32, T.FP16, T.BF16)]
+    specs += [{"op": Operation.TMATMUL_MX_BIAS, "a_type": T.FP16, "b_type": T.E4M3,
+               "max_mnk": (3, 3, 40), "payload": _extreme}]
+    # Exact cancellation: B column = -A row, so sums are exactly zero.
+    def cancel(rng, role, dtype, shape):
+        if role == "a":
+            return np.full(shape, 0x3C00, dtype=np.uint64)       # FP16 1.0
+        if role == "b":
+            column = np.where(np.arange(shape[0]) % 2 == 0, 0x4000, 0xC000)   # +2, -2
+            return np.repeat(column[:, None], shape[1], axis=1).astype(np.uint64)
+        return random_raw(rng, dtype, shape)
+    specs.append({"op": Operation.TMATMUL, "a_type": T.FP16, "b_type": T.FP16, "m": 2,
+                  "n": 3, "k": 6, "payload": cancel, "mode": 0, "relu": 0})
+    check(FULL, cases(6, FULL, specs))
+
+
+def test_every_prequant_mode():
+    """Every PreQuantMode with a random ReLU mode, on its accumulator's class."""
+    specs = []
+    for code, row in PREQUANT_MODES.items():
+        if row.source is T.FP32 or row.source is None:
+            specs.append({"op": Operation.TMATMUL, "a_type": T.FP16, "b_type": T.FP16,
+                          "mode": code, "max_mnk": (3, 5, 6)})
+        if row.source in (T.S32, None):
+            specs.append({"op": Operation.TMATMUL, "a_type": T.S8, "b_type": T.S8,
+                          "mode": code, "max_mnk": (3, 5, 6)})
+    check(FULL, cases(7, FULL, specs))
+
+
+def test_relu_and_reductions():
+    """ReLU 0-3, RowMax (with RowMaxInit) and GroupMax, with and without MaxAbs."""
+    specs = []
+    for relu in range(4):
+        for row_max, init, gcode, max_abs in ((True, True, 0, False), (True, False, 1, True),
+                                              (False, False, 2, False), (True, True, 5, True)):
+            specs.append({"op": Operation.TMATMUL, "a_type": T.FP16, "b_type": T.FP16,
+                          "relu": relu, "row_max": row_max, "row_max_init": init,
+                          "gcode": gcode, "max_abs": max_abs, "m": 3,
+                          "n": 9 if gcode in (0, 1, 2) else 80, "k": 3, "mask": 0b0010})
+    specs += [{"op": Operation.TMATMUL, "a_type": T.S16, "b_type": T.S16, "row_max": True,
+               "row_max_init": True, "gcode": 1, "max_abs": True, "m": 3, "n": 16, "k": 2},
+              {"op": Operation.TMATMUL, "a_type": T.U16, "b_type": T.U8, "row_max": True,
+               "gcode": 2, "m": 4, "n": 32, "k": 2}]
+    check(FULL, cases(8, FULL, specs))
+
+
+def test_acc_masks_and_shared_operands():
+    specs = [{"op": Operation.TMATMUL_ACC, "mask": mask, "max_mnk": (3, 3, 8)}
+             for mask in (0b1000, 0b0001, 0b0110, 0b1111)]
+    specs += [{"op": op, "shared": shared, "trans_a": ta, "trans_b": tb,
+               "max_mnk": (4, 4, 64)}
+              for op in (Operation.TMATMUL, Operation.TMATMUL_MX_ACC)
+              for shared, ta, tb in (("right", False, False), ("right", False, True),
+                                     ("both", True, False), ("both", False, True))]
+    check(FULL, cases(9, FULL, specs))
+
+
+def test_random_plans():
+    rng = np.random.default_rng(10)
+    check(FULL, [random_case(rng, FULL, (6, 7, 20)) for _ in range(16)])
+    check(INT, [random_case(rng, INT, (9, 9, 40)) for _ in range(16)])
+
+
+def test_odd_array_slow_store_and_write_stalls():
+    """A 3 x 2 array; reads answered 3 cycles late, writes refused at random."""
+    rng = np.random.default_rng(11)
+    jobs = [random_case(rng, ODD, (9, 7, 20)) for _ in range(10)]
+    check(ODD, jobs, latency=3, write_stall=0.3, seed=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_random_plans_regression(seed):
+    """3,000 random plans: 25 full-build, 150 integer-build and 75 odd-array ones per seed."""
+    rng = np.random.default_rng(100 + seed)
+    check(FULL, [random_case(rng, FULL, (17, 17, 70)) for _ in range(25)])
+    check(INT, [random_case(rng, INT, (32, 24, 100)) for _ in range(150)])
+    check(ODD, [random_case(rng, ODD, (20, 20, 70)) for _ in range(75)],
+          latency=1 + seed % 3, write_stall=0.1 * (seed % 4), seed=seed)
