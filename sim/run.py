@@ -1,8 +1,12 @@
 """``ptocube run SCENARIO``: run a scenario file and report what every bundle did.
 
-The engine is the golden model for now (``--engine model``); the simulated
-and Verilated hardware will plug in behind the same :func:`run_scenario`,
-whose JSON result is what hardware harnesses compare.
+``--engine model`` runs the golden model; ``--engine sim`` runs the simulated
+:class:`~ptocube.hdl.top.CubeUnit` (:mod:`ptocube.sim.hw_run`, build ``--preset``,
+default ``sim-small``; ``--vcd FILE`` also writes a waveform and a GTKWave save
+file); ``--engine verilator`` runs the same unit's exported Verilog built with
+Verilator (:mod:`ptocube.sim.verilator`).  All return the same JSON result; the hardware's adds ``cycles`` to every
+bundle (record out of the decoder to its status) and to the whole program, and
+has empty fault ``reason`` texts (only the class and index are architectural).
 
 Result format (``--json``)::
 
@@ -37,7 +41,7 @@ from ptocube.model.state import StatusFlag
 __all__ = ["ENGINES", "EngineUnavailable", "run_scenario", "format_table",
            "add_run_arguments", "run_run"]
 
-#: Engines ``--engine`` accepts; only ``model`` runs today.
+#: Engines ``--engine`` accepts.
 ENGINES = ("model", "sim", "verilator")
 
 
@@ -71,18 +75,36 @@ def _bundle_record(result) -> dict:
     return record
 
 
-def run_scenario(scenario, engine: str = "model") -> dict:
+def run_scenario(scenario, engine: str = "model", *, preset: str = "sim-small",
+                 vcd=None) -> dict:
     """Run a scenario (a :class:`Scenario` or a path) and return the JSON-able result.
 
+    ``preset`` (the hardware build) applies to ``engine="sim"`` and ``"verilator"``, ``vcd``
+    (waveform file) to ``"sim"``.
     Raises :class:`ScenarioError` for a malformed scenario and
-    :class:`EngineUnavailable` for an engine that cannot run yet.
+    :class:`EngineUnavailable` for an engine that cannot run it.
     """
     if engine not in ENGINES:
         raise EngineUnavailable(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if engine != "model":
-        raise EngineUnavailable(f"engine {engine!r} is not available yet; use --engine model")
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
+    if engine == "sim":
+        from .hw_run import HardwareUnavailable, run_scenario_hw
+        from ..hdl.config import preset as lookup
+        try:
+            return run_scenario_hw(scenario, lookup(preset), vcd=vcd)
+        except (HardwareUnavailable, ValueError) as exc:
+            raise EngineUnavailable(str(exc)) from None
+    if engine == "verilator":
+        from .hw_run import HardwareUnavailable
+        from .verilator import VerilatorMissing, run_scenario_verilator
+        from ..hdl.config import preset as lookup
+        try:
+            return run_scenario_verilator(
+                scenario, lookup(preset),
+                log=lambda message: print(f"ptocube run: {message}", file=sys.stderr))
+        except (HardwareUnavailable, VerilatorMissing, ValueError) as exc:
+            raise EngineUnavailable(str(exc)) from None
     # A snapshot: the scenario's initial state stays reusable.
     machine = Machine(scenario.state.snapshot(), scenario.arithmetic)
     results = machine.run(scenario.program)
@@ -118,6 +140,8 @@ def format_table(result: dict) -> str:
             published = b["reason"]
         else:
             outcome = b["outcome"]
+            if "cycles" in b:
+                outcome += f" ({b['cycles']} cyc)"
             names = {}
             for t in b["published"]:
                 key = f"{t['selector']} {t['dtype']} {t['layout']} {t['shape'][0]}x{t['shape'][1]}"
@@ -151,12 +175,20 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what executes the program (default: the golden model)")
     parser.add_argument("--json", action="store_true",
                         help="print the machine-readable result instead of the table")
+    parser.add_argument("--preset", default="sim-small",
+                        help="hardware build of --engine sim/verilator (default: sim-small)")
+    parser.add_argument("--vcd", metavar="FILE",
+                        help="with --engine sim: write a waveform to FILE and a GTKWave save "
+                             "file next to it (.gtkw)")
 
 
 def run_run(args) -> int:
     """Entry point of ``ptocube run``."""
+    if args.vcd and args.engine != "sim":
+        print("ptocube run: error: --vcd needs --engine sim", file=sys.stderr)
+        return 2
     try:
-        result = run_scenario(args.scenario, args.engine)
+        result = run_scenario(args.scenario, args.engine, preset=args.preset, vcd=args.vcd)
     except (ScenarioError, EngineUnavailable) as exc:
         print(f"ptocube run: error: {exc}", file=sys.stderr)
         return 2

@@ -200,12 +200,12 @@ def test_cli_table_output(capsys):
     assert "Fault_TileLegality @18" in out and "PE0,1,2,3 M#3 FP32 CUBE_M16 1x4" in out
 
 
-@pytest.mark.parametrize("engine", ["sim", "verilator"])
-def test_cli_rejects_engines_that_are_not_ready(engine, capsys):
-    assert main(["run", str(EXAMPLES / "tgemv-bias.json"), "--engine", engine]) == 2
-    assert "not available yet" in capsys.readouterr().err
-    with pytest.raises(EngineUnavailable):
-        run_scenario(EXAMPLES / "tgemv-bias.json", engine)
+def test_unknown_engine_is_rejected(capsys):
+    with pytest.raises(EngineUnavailable, match="unknown engine 'bogus'"):
+        run_scenario(EXAMPLES / "tgemv-bias.json", "bogus")
+    with pytest.raises(SystemExit):
+        main(["run", str(EXAMPLES / "tgemv-bias.json"), "--engine", "bogus"])
+    assert "invalid choice" in capsys.readouterr().err
 
 
 def test_cli_reports_a_malformed_scenario(tmp_path, capsys):
@@ -335,11 +335,19 @@ def test_scenario_builds_the_state_it_describes():
     assert not shared.cooperatively_ready()
 
 
-def test_demo_passes(capsys):
+def test_demo_passes_on_the_model_and_the_simulated_hardware(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "verdict: PASS (6 of 6" in out
-    assert out.count(" ok") == 6 and "TIMG2COL" in out and "BSTART.TMATMULMX" in out
+    assert "verdict: PASS (6 of 6" in out and "hardware matches the model bit for bit" in out
+    assert out.count("exact, hw = model") == 6
+    assert "TIMG2COL" in out and "BSTART.TMATMULMX" in out and "BSTART.TGEMV.ACC" in out
+
+
+def test_demo_model_only(capsys):
+    assert main(["demo", "--model-only"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: PASS (6 of 6 bundles match an exact numpy computation)" in out
+    assert out.count("  exact\n") == 6
 
 
 def test_nan_and_signed_zero_values():

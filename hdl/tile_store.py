@@ -1,0 +1,823 @@
+"""The tile store of the CUBE unit: payloads, descriptors, definedness, allocation, GPRs.
+
+:class:`TileStore` holds all architectural state the CUBE unit reads and publishes and serves
+every agent that touches it:
+
+* the preflight's read ports (``tile_rd``, ``shared_rd``, ``word_rd``, ``gpr_rd``, latency 1)
+  and its allocation inputs (``alloc``), and the decoder's combinational GPR port;
+* the CUBE engine's :class:`~ptocube.hdl.tile_port.TilePortSignature` (``engine``);
+* one element port per PE for the TIMG2COL engines (``i2c``: the engine's ``src_req``,
+  ``src_rsp`` and ``dst`` streams, addressed in elements of the source / destination);
+* the host port (``host_cmd`` / ``host_rsp``, :mod:`ptocube.hdl.host`);
+* the top level's sequencing requests (``req``): PLACE the outputs of the approved plan,
+  PUBLISH them, or ABORT (free the placement).
+
+Storage (``docs/hdl-top.md`` has the figures):
+
+* payload memories of 64-bit words, one per PE (``tile_bytes_per_pe``) and one Shared
+  (``shared_bytes``), with byte enables; a tile's payload starts at its base CELL;
+* definedness: one flag memory per payload memory, 4 flag words (256 slot flags) reserved per
+  CELL, and per register the count of undefined *valid* elements (decision T5); a published
+  output has implicit flags (``synth``: exactly its valid region is defined);
+* register files of Local (4 x 64) and Shared (256) entries: descriptor, base CELL, count,
+  ``synth``; the feature-map descriptor registers (4 x 64);
+* one CELL occupancy bitmap per memory and a first-fit allocator scanning 8 CELLs per cycle
+  (decision T4);
+* GPRs, ``tile_capacity``, the sticky status flags and the allocation counters.
+
+Port priority (decision T3): the engines (CUBE, then TIMG2COL) before the preflight before
+the sequencer (host commands, placement, publication).  In normal operation they are never
+active together: host commands are only taken while ``host_enable`` (the unit is idle), the
+preflight reads only while checking, the engines run only between PLACE and PUBLISH/ABORT.
+"""
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..model.datatype import DataType
+from ..model.layout import CELL_BYTES, Layout
+from ..model.state import CORE_TILE_CAPACITY_BYTES, GPR_COUNT, PE_COUNT
+from .config import CubeConfig
+from .host import (DESC_PART_BASE, DESC_PART_UNDEFINED, FM_PARTS, HostCommandLayout, HostError,
+                   HostOp, HostResponseLayout, SysReg, build_info)
+from .img2col import FEATURE_MAP_DESCRIPTOR, source_index_width
+from .img2col_engine import DestinationWriteLayout, SourceResponseLayout
+from .preflight import (AllocQuerySignature, GprReadSignature, SharedReadSignature,
+                        TileReadSignature, WordReadSignature)
+from .tile_desc import OutputRole, PlanLayout, SharedDescLayout, TileDescLayout, TileLocation
+from .tile_port import MemSpace, TilePortSignature, cell_addr_width, word_addr_width
+
+__all__ = ["StoreOp", "ElementPortSignature", "TileStore", "SCAN_CELLS_PER_CYCLE",
+           "FLAG_WORDS_PER_CELL", "UNDEFINED_WIDTH"]
+
+#: CELLs the first-fit allocator examines per cycle.
+SCAN_CELLS_PER_CYCLE = 8
+#: Flag words reserved per CELL: 256 slots, the 4-bit worst case.
+FLAG_WORDS_PER_CELL = 4
+#: Width of a register's undefined-valid-element count (256 KiB of 4-bit slots).
+UNDEFINED_WIDTH = 20
+_WORDS_PER_CELL = CELL_BYTES // 8
+#: Host commands that do not address a tile register (their ``index`` is not checked).
+_UNADDRESSED = (HostOp.NOP, HostOp.DESC_PART, HostOp.WRITE_GPR, HostOp.READ_GPR,
+                HostOp.WRITE_SYS, HostOp.READ_SYS)
+
+
+class StoreOp(enum.Enum, shape=2):
+    """Sequencing requests of the top level (``req``)."""
+    NONE = 0
+    PLACE = 1      # place every output of ``plan`` on every selected PE; answer ok / not
+    PUBLISH = 2    # install the placed outputs, OR ``flags`` into the sticky status
+    ABORT = 3      # free the placement, publish nothing
+
+
+def ElementPortSignature(config: CubeConfig) -> wiring.Signature:
+    """A TIMG2COL engine's element streams, seen from the engine (the store flips it)."""
+    width = source_index_width(config)
+    return wiring.Signature({
+        "src_req": Out(stream.Signature(width)),
+        "src_rsp": In(stream.Signature(SourceResponseLayout)),
+        "dst": Out(stream.Signature(DestinationWriteLayout(width))),
+    })
+
+
+def _entry_layout(desc_layout, config):
+    return data.StructLayout({"desc": desc_layout, "base": cell_addr_width(config),
+                              "undef": UNDEFINED_WIDTH, "synth": 1})
+
+
+def _log2_bytes(dtype):
+    """log2 of the element bytes of a TIMG2COL DataType code (8/16/32-bit types)."""
+    wide = [t.value for t in DataType if t.bits == 32]
+    half = [t.value for t in DataType if t.bits == 16]
+    return Mux(Cat(*[dtype == v for v in wide]).any(), 2,
+               Mux(Cat(*[dtype == v for v in half]).any(), 1, 0))
+
+
+class TileStore(wiring.Component):
+    """All tile state of the CUBE unit and the ports that read and write it.
+
+    Members
+    -------
+    tile_rd, shared_rd, word_rd, gpr_rd : the preflight's read ports (flipped), latency 1.
+    alloc : the preflight's allocation inputs (flipped).
+    gpr_index : In(5), gpr_value : Out(16)
+        The decoder's combinational B.DIM GPR read.
+    engine : In(TilePortSignature(config))
+        The CUBE engine's port.  ``mem_wr`` is always ready.
+    i2c : In(ArrayLayout of ElementPortSignature) - one element port per PE: the PE's
+        TIMG2COL source register (``plan`` SOURCE operand) and placed output.
+    host_cmd, host_rsp : the host port; ``host_enable`` gates it (the unit is idle).
+    req : In(StoreOp), req_valid : In(1), req_done : Out(1), req_ok : Out(1)
+        Sequencing: a request is taken when the store is idle; ``req_done`` strobes when it
+        finished, with ``req_ok`` (PLACE: every output placed).
+    plan : In(PlanLayout(config)), flags : In(5)
+        The approved plan (PLACE, PUBLISH, ABORT) and the numeric flags to publish.
+    out_base : Out, per PE per plan output, the placed base CELL (valid after PLACE).
+    src_desc, src_fm : Out, per PE: the SOURCE register's descriptor and feature-map
+        descriptor, read during PLACE (for :func:`~ptocube.hdl.preflight.img2col_job`).
+    tile_capacity : Out(32) - the system register.
+    status_flags : Out(5) - the sticky numeric flags.
+    idle : Out(1) - no host command or request in progress.
+    """
+
+    def __init__(self, config: CubeConfig = CubeConfig()):
+        self.config = config
+        self.cw = cell_addr_width(config)
+        self.ww = word_addr_width(config)
+        self.local_entry = _entry_layout(TileDescLayout, config)
+        self.shared_entry = _entry_layout(SharedDescLayout, config)
+        super().__init__({
+            "tile_rd": In(TileReadSignature),
+            "shared_rd": In(SharedReadSignature),
+            "word_rd": In(WordReadSignature),
+            "gpr_rd": In(GprReadSignature),
+            "alloc": In(AllocQuerySignature),
+            "gpr_index": In(5),
+            "gpr_value": Out(16),
+            "engine": In(TilePortSignature(config)),
+            "i2c": In(ElementPortSignature(config)).array(PE_COUNT),
+            "host_cmd": In(stream.Signature(HostCommandLayout)),
+            "host_rsp": Out(stream.Signature(HostResponseLayout)),
+            "host_enable": In(1),
+            "req": In(StoreOp),
+            "req_valid": In(1),
+            "req_done": Out(1),
+            "req_ok": Out(1),
+            "plan": In(PlanLayout(config)),
+            "flags": In(5),
+            "out_base": Out(data.ArrayLayout(data.ArrayLayout(self.cw, 3), PE_COUNT)),
+            "src_desc": Out(data.ArrayLayout(TileDescLayout, PE_COUNT)),
+            "src_fm": Out(data.ArrayLayout(FEATURE_MAP_DESCRIPTOR, PE_COUNT)),
+            "tile_capacity": Out(32, init=CORE_TILE_CAPACITY_BYTES),
+            "status_flags": Out(5),
+            "idle": Out(1),
+        })
+
+    # ---- geometry of the memories ---------------------------------------------------
+    def cells(self, space: int) -> int:
+        """CELLs of the payload memory of ``space`` (0..3 PE, 4 Shared)."""
+        size = self.config.shared_bytes if space == 4 else self.config.tile_bytes_per_pe
+        return size // CELL_BYTES
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, cw, ww = self.config, self.cw, self.ww
+        spaces = range(PE_COUNT + 1)
+        cells = [self.cells(s) for s in spaces]
+
+        # ---- storage ----------------------------------------------------------------
+        pay, pay_rd, pay_wr, flg, flg_rd, flg_wr = [], [], [], [], [], []
+        for s in spaces:
+            p = Memory(shape=64, depth=cells[s] * _WORDS_PER_CELL, init=[])
+            f = Memory(shape=64, depth=cells[s] * FLAG_WORDS_PER_CELL, init=[])
+            m.submodules[f"payload{s}"] = p
+            m.submodules[f"flags{s}"] = f
+            pay.append(p), flg.append(f)
+            pay_rd.append(p.read_port()), pay_wr.append(p.write_port(granularity=8))
+            flg_rd.append(f.read_port()), flg_wr.append(f.write_port())
+
+        lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[])
+        sreg = Memory(shape=self.shared_entry, depth=256, init=[])
+        fmr = Memory(shape=FEATURE_MAP_DESCRIPTOR, depth=PE_COUNT * 64, init=[])
+        m.submodules.local_regs, m.submodules.shared_regs = lreg, sreg
+        m.submodules.fm_regs = fmr
+        l_pf, l_word, l_int = (lreg.read_port(domain="comb") for _ in range(3))
+        s_pf, s_int = (sreg.read_port(domain="comb") for _ in range(2))
+        l_wr, s_wr = lreg.write_port(), sreg.write_port()
+        fm_rd, fm_wr = fmr.read_port(domain="comb"), fmr.write_port()
+
+        gprs = Array(Signal(64, name=f"gpr{k}") for k in range(GPR_COUNT + 8))
+        status = Signal(5)
+        capacity = Signal(32, init=CORE_TILE_CAPACITY_BYTES)
+        in_use = Signal(32)
+        pe_bytes = Array(Signal(32, name=f"pe{p}_bytes") for p in range(PE_COUNT))
+        held = Array(Signal(64, name=f"pe{p}_held") for p in range(PE_COUNT))
+        pad = [-(-c // SCAN_CELLS_PER_CYCLE) * SCAN_CELLS_PER_CYCLE for c in cells]
+        # Occupancy bitmaps, padded with occupied CELLs to whole scan chunks.
+        bitmap = Array(Signal(pad[s], init=((1 << pad[s]) - 1) ^ ((1 << cells[s]) - 1),
+                              name=f"bitmap{s}") for s in spaces)
+        m.d.comb += [self.tile_capacity.eq(capacity), self.status_flags.eq(status),
+                     self.alloc.allocated.eq(held[0] | held[1] | held[2] | held[3]),
+                     self.alloc.capacity_in_use.eq(in_use), self.alloc.tile_capacity.eq(capacity),
+                     self.gpr_value.eq(gprs[self.gpr_index][:16])]
+        for p in range(PE_COUNT):
+            m.d.comb += self.alloc.pe_bytes_in_use[p].eq(pe_bytes[p])
+
+        # ---- preflight read ports (latency 1) ---------------------------------------
+        td, sr, wd = self.tile_rd, self.shared_rd, self.word_rd
+        m.d.comb += [l_pf.addr.eq(Cat(td.index, td.pe)), s_pf.addr.eq(sr.sid)]
+        with m.If(td.en):
+            m.d.sync += [td.desc.eq(l_pf.data.desc),
+                         td.defined.eq(l_pf.data.desc.allocated & (l_pf.data.undef == 0))]
+        with m.If(sr.en):
+            m.d.sync += [sr.desc.eq(s_pf.data.desc),
+                         sr.defined.eq((s_pf.data.desc.allocation_mask != 0)
+                                       & (s_pf.data.undef == 0))]
+        gr = self.gpr_rd
+        with m.If(gr.en):
+            m.d.sync += gr.data.eq(Mux(gr.addr == 0, 0, gprs[gr.addr]))
+        m.d.comb += l_word.addr.eq(Cat(wd.index, wd.pe))
+        word_pe = Signal(2)
+        with m.If(wd.en):
+            m.d.sync += word_pe.eq(wd.pe)
+        m.d.comb += wd.data.eq(Array(pay_rd[p].data for p in range(PE_COUNT))[word_pe])
+
+        # Read/write requests of each memory, lowest priority first (later m.If wins).
+        def read(s, addr, flag_addr=None):
+            m.d.comb += [pay_rd[s].en.eq(1), pay_rd[s].addr.eq(addr)]
+            if flag_addr is not None:
+                m.d.comb += [flg_rd[s].en.eq(1), flg_rd[s].addr.eq(flag_addr)]
+
+        # ---- sequencer (host commands, placement, publication) ----------------------
+        cmd = Signal(HostCommandLayout)
+        rsp = Signal(HostResponseLayout)
+        rsp_valid = Signal()
+        stage = Signal(128)                    # DESC_PART staging register
+        req = Signal(StoreOp)
+        ok = Signal()
+        m.d.comb += [self.host_rsp.payload.eq(rsp), self.host_rsp.valid.eq(rsp_valid)]
+        with m.If(self.host_rsp.ready):
+            m.d.sync += rsp_valid.eq(0)
+
+        # Placement walk: PE p, output j.  ``placed`` marks what must be freed on failure.
+        walk_pe = Signal(2)
+        walk_j = Signal(2)
+        placed = Signal(16)
+        bases = Array(Array(Signal(cw, name=f"base{p}_{j}") for j in range(3))
+                      for p in range(PE_COUNT))
+        for p in range(PE_COUNT):
+            for j in range(3):
+                m.d.comb += self.out_base[p][j].eq(bases[p][j])
+        src_entry = Array(Signal(self.local_entry, name=f"src_entry{p}") for p in range(PE_COUNT))
+        src_fm = Array(Signal(FEATURE_MAP_DESCRIPTOR, name=f"src_fm{p}") for p in range(PE_COUNT))
+        for p in range(PE_COUNT):
+            m.d.comb += [self.src_desc[p].eq(src_entry[p].desc), self.src_fm[p].eq(src_fm[p])]
+
+        plan = self.plan
+        outs = plan.outputs
+        pe_sel = Signal(4)                      # bit p: PE p selected (plan mask is PE0 = bit 3)
+        m.d.comb += pe_sel.eq(Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1],
+                                  plan.pe_mask[0]))
+        out_cells = Array(Mux(o.role == OutputRole.NONE, 0,
+                              (Const(1, 13) << (o.size_code - 1)[:4])[:13]) for o in outs)
+        out_valid = Array(o.role != OutputRole.NONE for o in outs)
+
+        # The allocator: first fit over the bitmap of ``scan_space``, 8 CELLs per cycle.
+        scan_space = Signal(3)
+        scan_need = Signal(13)
+        scan_pos = Signal(range(max(pad) // SCAN_CELLS_PER_CYCLE + 1))
+        scan_run = Signal(13)
+        scan_start = Signal(cw + 1)
+        chunks = Array(pad[s] // SCAN_CELLS_PER_CYCLE for s in spaces)
+        chunk = Array(bitmap[s].word_select(scan_pos, SCAN_CELLS_PER_CYCLE)
+                      for s in spaces)[scan_space]
+        # Each CELL's step goes through signals: as plain expressions the chain would be
+        # re-expanded at every use (exponential netlist).
+        run, start, found, found_base = scan_run, scan_start, Const(0), Const(0, cw + 1)
+        chunk_base = Signal(cw + 1)
+        m.d.comb += chunk_base.eq(scan_pos * SCAN_CELLS_PER_CYCLE)
+        for k in range(SCAN_CELLS_PER_CYCLE):
+            free = ~chunk[k]
+            step_start, step_run = Signal(cw + 1, name=f"scan_start{k}"), Signal(13, name=f"scan_run{k}")
+            step_found, step_base = Signal(name=f"scan_found{k}"), Signal(cw + 1, name=f"scan_base{k}")
+            m.d.comb += [step_start.eq(Mux(free & (run == 0), chunk_base + k, start)),
+                         step_run.eq(Mux(free, run + 1, 0))]
+            hit = free & (step_run == scan_need) & ~found
+            m.d.comb += [step_base.eq(Mux(hit, step_start, found_base)),
+                         step_found.eq(found | hit)]
+            run, start, found, found_base = step_run, step_start, step_found, step_base
+        scan_found = Signal()
+        scan_base = Signal(cw + 1)
+        m.d.comb += [scan_found.eq(found), scan_base.eq(found_base)]
+
+        # One range-mask generator for marking / freeing CELLs.
+        mark_space = Signal(3)
+        mark_base = Signal(cw + 1)
+        mark_count = Signal(13)
+        mark_set = Signal()
+        mark_clear = Signal()
+        # Bit i: base <= i < base + count.  Compared per bit: a variable shift of a wide
+        # constant would make a huge (and slow to elaborate) shifter.
+        mark_end = Signal(cw + 14)
+        range_mask = Signal(max(pad))
+        m.d.comb += mark_end.eq(mark_base + mark_count)
+        for i in range(max(pad)):
+            m.d.comb += range_mask[i].eq((mark_base <= i) & (mark_end > i))
+        for s in spaces:
+            mask = range_mask[:pad[s]]
+            with m.If(mark_space == s):
+                with m.If(mark_set):
+                    m.d.sync += bitmap[s].eq(bitmap[s] | mask)
+                with m.If(mark_clear):
+                    m.d.sync += bitmap[s].eq(bitmap[s] & ~mask)
+
+        # Facts of the addressed register (host command or walk), from the internal port.
+        space = Value.cast(cmd.space)
+        is_pe = space < PE_COUNT
+        idx = cmd.index
+        m.d.comb += [l_int.addr.eq(Cat(idx[:6], space[:2])), s_int.addr.eq(idx),
+                     fm_rd.addr.eq(Cat(idx[:6], space[:2]))]
+        le, se = l_int.data, s_int.data
+        allocated = Mux(is_pe, le.desc.allocated, se.desc.allocation_mask != 0)
+        reg_cells = Mux(is_pe, le.desc.cells, se.desc.cells)
+        reg_base = Mux(is_pe, le.base, se.base)
+        bad_space = space > MemSpace.SHARED
+        bad_index = is_pe & (idx >= 64)
+
+        def reply(value):
+            m.d.sync += [rsp.data.eq(value), rsp.error.eq(0), rsp_valid.eq(1)]
+
+        def fail(error):
+            m.d.sync += [rsp.data.eq(error), rsp.error.eq(1), rsp_valid.eq(1)]
+
+        def write_local(addr, entry):
+            m.d.comb += [l_wr.en.eq(1), l_wr.addr.eq(addr), l_wr.data.eq(entry)]
+
+        def write_shared(addr, entry):
+            m.d.comb += [s_wr.en.eq(1), s_wr.addr.eq(addr), s_wr.data.eq(entry)]
+
+        def set_held(pe, index, bit):
+            for q in range(PE_COUNT):
+                with m.If(pe == q):
+                    m.d.sync += held[q].bit_select(index, 1).eq(bit)
+
+        def write_fm(addr, value):
+            m.d.comb += [fm_wr.en.eq(1), fm_wr.addr.eq(addr), fm_wr.data.eq(value)]
+
+        read_space = Signal(3)
+        read_flags = Signal()
+        cfg_base = Signal(cw + 1)
+        clear_pos = Signal(cw + 3)
+        clear_end = Signal(cw + 3)
+        undef_init = Signal(UNDEFINED_WIDTH)
+        popcnt = Signal(3)
+
+        new_local = Signal(self.local_entry)
+        new_shared = Signal(self.shared_entry)
+        staged_l = data.View(TileDescLayout, stage[:TileDescLayout.size])
+        staged_s = data.View(SharedDescLayout, stage[:SharedDescLayout.size])
+        m.d.comb += popcnt.eq(sum(staged_s.allocation_mask[k] for k in range(4)))
+
+        host_go = self.host_cmd.valid & self.host_enable & ~rsp_valid
+        busy = Signal()
+        m.d.comb += self.idle.eq(~busy & ~rsp_valid)
+
+        with m.FSM(name="seq"):
+            with m.State("IDLE"):
+                with m.If(self.req_valid & (self.req != StoreOp.NONE)):
+                    m.d.sync += [req.eq(self.req), walk_pe.eq(0), walk_j.eq(0), ok.eq(1)]
+                    with m.Switch(self.req):
+                        with m.Case(StoreOp.PLACE):
+                            m.d.sync += placed.eq(0)
+                            m.next = "PLACE_SRC"
+                        with m.Case(StoreOp.PUBLISH):
+                            m.next = "PUBLISH"
+                        with m.Case(StoreOp.ABORT):
+                            m.next = "FREE_PLACED"
+                with m.Elif(host_go):
+                    m.d.comb += self.host_cmd.ready.eq(1)
+                    m.d.sync += cmd.eq(self.host_cmd.payload)
+                    m.next = "HOST"
+
+            # ---- host commands --------------------------------------------------------
+            with m.State("HOST"):
+                m.d.comb += busy.eq(1)
+                m.next = "IDLE"
+                op = cmd.op
+                word_ok = cmd.addr < (reg_cells << 4)
+                flag_ok = cmd.addr < (reg_cells << 2)
+                with m.If(bad_space):
+                    fail(HostError.BAD_SPACE)
+                with m.Elif(bad_index & ~Cat(*(op == o for o in _UNADDRESSED)).any()):
+                    fail(HostError.BAD_INDEX)
+                with m.Else():
+                    with m.Switch(op):
+                        with m.Case(HostOp.NOP):
+                            reply(0)
+                        with m.Case(HostOp.DESC_PART):
+                            with m.If(cmd.addr == 0):
+                                m.d.sync += stage[:64].eq(cmd.data)
+                                reply(0)
+                            with m.Elif(cmd.addr == 1):
+                                m.d.sync += stage[64:].eq(cmd.data)
+                                reply(0)
+                            with m.Else():
+                                fail(HostError.OUT_OF_RANGE)
+                        with m.Case(HostOp.CONFIGURE):
+                            need = Mux(is_pe, staged_l.cells, staged_s.cells)
+                            product = Mux(is_pe, staged_l.valid_rows * staged_l.valid_cols,
+                                          staged_s.valid_rows * staged_s.valid_cols)
+                            with m.If(allocated):
+                                fail(HostError.ALLOCATED)
+                            with m.Elif(Mux(is_pe, ~staged_l.allocated,
+                                            staged_s.allocation_mask == 0) | (need == 0)):
+                                fail(HostError.BAD_DESCRIPTOR)
+                            with m.Elif(need > Array(Const(c) for c in cells)[space]):
+                                fail(HostError.NO_SPACE)
+                            with m.Else():
+                                m.d.sync += [scan_space.eq(space), scan_need.eq(need),
+                                             scan_pos.eq(0), scan_run.eq(0),
+                                             undef_init.eq(Mux(product >> UNDEFINED_WIDTH,
+                                                               (1 << UNDEFINED_WIDTH) - 1,
+                                                               product))]
+                                m.next = "CFG_SCAN"
+                        with m.Case(HostOp.FREE):
+                            with m.If(~allocated):
+                                fail(HostError.NOT_ALLOCATED)
+                            with m.Else():
+                                m.d.comb += [mark_space.eq(space), mark_base.eq(reg_base),
+                                             mark_count.eq(reg_cells), mark_clear.eq(1)]
+                                with m.If(is_pe):
+                                    write_local(Cat(idx[:6], space[:2]), 0)
+                                    write_fm(Cat(idx[:6], space[:2]), 0)
+                                    set_held(space[:2], idx[:6], 0)
+                                    m.d.sync += [
+                                        pe_bytes[space[:2]].eq(pe_bytes[space[:2]]
+                                                               - (le.desc.cells << 7)),
+                                        in_use.eq(in_use - (le.desc.cells << 7))]
+                                with m.Else():
+                                    write_shared(idx, 0)
+                                    mask = se.desc.allocation_mask
+                                    m.d.sync += in_use.eq(
+                                        in_use - (se.desc.cells << 7)
+                                        * sum(mask[k] for k in range(4)))
+                                reply(0)
+                        with m.Case(HostOp.WRITE_WORD, HostOp.READ_WORD):
+                            addr = ((reg_base << 4) + cmd.addr)[:ww]
+                            with m.If(~allocated):
+                                fail(HostError.NOT_ALLOCATED)
+                            with m.Elif(~word_ok):
+                                fail(HostError.OUT_OF_RANGE)
+                            with m.Elif(op == HostOp.WRITE_WORD):
+                                for s in spaces:
+                                    with m.If(space == s):
+                                        m.d.comb += [pay_wr[s].en.eq(0xFF),
+                                                     pay_wr[s].addr.eq(addr),
+                                                     pay_wr[s].data.eq(cmd.data)]
+                                reply(0)
+                            with m.Else():
+                                for s in spaces:
+                                    with m.If(space == s):
+                                        read(s, addr)
+                                m.d.sync += [read_space.eq(space), read_flags.eq(0)]
+                                m.next = "HOST_READ"
+                        with m.Case(HostOp.WRITE_FLAGS, HostOp.READ_FLAGS):
+                            addr = ((reg_base << 2) + cmd.addr)[:ww]
+                            with m.If(~allocated):
+                                fail(HostError.NOT_ALLOCATED)
+                            with m.Elif(~flag_ok):
+                                fail(HostError.OUT_OF_RANGE)
+                            with m.Elif(op == HostOp.WRITE_FLAGS):
+                                for s in spaces:
+                                    with m.If(space == s):
+                                        m.d.comb += [flg_wr[s].en.eq(1), flg_wr[s].addr.eq(addr),
+                                                     flg_wr[s].data.eq(cmd.data)]
+                                with m.If(is_pe & le.synth):
+                                    m.d.comb += new_local.eq(le)
+                                    m.d.comb += new_local.synth.eq(0)
+                                    write_local(Cat(idx[:6], space[:2]), new_local)
+                                reply(0)
+                            with m.Elif(is_pe & le.synth & (le.desc.layout != Layout.ROW_MAJOR)):
+                                fail(HostError.NOT_EXPLICIT)
+                            with m.Else():
+                                for s in spaces:
+                                    with m.If(space == s):
+                                        m.d.comb += [flg_rd[s].en.eq(1), flg_rd[s].addr.eq(addr)]
+                                m.d.sync += [read_space.eq(space), read_flags.eq(1)]
+                                m.next = "HOST_READ"
+                        with m.Case(HostOp.SET_UNDEFINED):
+                            with m.If(~allocated):
+                                fail(HostError.NOT_ALLOCATED)
+                            with m.Elif(cmd.data >= (1 << UNDEFINED_WIDTH)):
+                                fail(HostError.OUT_OF_RANGE)
+                            with m.Elif(is_pe):
+                                m.d.comb += [new_local.eq(le), new_local.undef.eq(cmd.data)]
+                                write_local(Cat(idx[:6], space[:2]), new_local)
+                                reply(0)
+                            with m.Else():
+                                m.d.comb += [new_shared.eq(se), new_shared.undef.eq(cmd.data)]
+                                write_shared(idx, new_shared)
+                                reply(0)
+                        with m.Case(HostOp.READ_DESC):
+                            desc_bits = Mux(is_pe, le.desc.as_value(), se.desc.as_value())
+                            with m.Switch(cmd.addr):
+                                with m.Case(0):
+                                    reply(desc_bits[:64])
+                                with m.Case(1):
+                                    reply(desc_bits[64:])
+                                with m.Case(DESC_PART_BASE):
+                                    reply(Mux(allocated, reg_base, 0))
+                                with m.Case(DESC_PART_UNDEFINED):
+                                    reply(Mux(is_pe, le.undef, se.undef))
+                                with m.Default():
+                                    fail(HostError.OUT_OF_RANGE)
+                        with m.Case(HostOp.WRITE_FM, HostOp.READ_FM):
+                            fm_bits = fm_rd.data.as_value()
+                            padded = Cat(fm_bits, Const(0, 64 * FM_PARTS - len(fm_bits)))
+                            with m.If(~is_pe):
+                                fail(HostError.BAD_SPACE)
+                            with m.Elif(~allocated):
+                                fail(HostError.NOT_ALLOCATED)
+                            with m.Elif(cmd.addr >= FM_PARTS):
+                                fail(HostError.OUT_OF_RANGE)
+                            with m.Elif(op == HostOp.READ_FM):
+                                reply(padded.word_select(cmd.addr[:3], 64))
+                            with m.Else():
+                                new_fm = Signal(64 * FM_PARTS)
+                                m.d.comb += new_fm.eq(padded)
+                                m.d.comb += new_fm.word_select(cmd.addr[:3], 64).eq(cmd.data)
+                                write_fm(Cat(idx[:6], space[:2]), new_fm[:len(fm_bits)])
+                                reply(0)
+                        with m.Case(HostOp.WRITE_GPR):
+                            with m.If((idx == 0) | (idx >= GPR_COUNT)):
+                                fail(HostError.BAD_INDEX)
+                            with m.Else():
+                                m.d.sync += gprs[idx[:5]].eq(cmd.data)
+                                reply(0)
+                        with m.Case(HostOp.READ_GPR):
+                            with m.If(idx >= GPR_COUNT):
+                                fail(HostError.BAD_INDEX)
+                            with m.Else():
+                                reply(Mux(idx == 0, 0, gprs[idx[:5]]))
+                        with m.Case(HostOp.WRITE_SYS):
+                            with m.Switch(cmd.addr):
+                                with m.Case(SysReg.TILE_CAPACITY):
+                                    m.d.sync += capacity.eq(cmd.data)
+                                    reply(0)
+                                with m.Case(SysReg.STATUS):
+                                    m.d.sync += status.eq(cmd.data)
+                                    reply(0)
+                                with m.Case(SysReg.CAPACITY_IN_USE, SysReg.ALLOCATED,
+                                            SysReg.BUILD):
+                                    fail(HostError.READ_ONLY)
+                                with m.Default():
+                                    fail(HostError.BAD_INDEX)
+                        with m.Case(HostOp.READ_SYS):
+                            with m.Switch(cmd.addr):
+                                with m.Case(SysReg.TILE_CAPACITY):
+                                    reply(capacity)
+                                with m.Case(SysReg.STATUS):
+                                    reply(status)
+                                with m.Case(SysReg.CAPACITY_IN_USE):
+                                    reply(in_use)
+                                with m.Case(SysReg.ALLOCATED):
+                                    reply(self.alloc.allocated)
+                                with m.Case(SysReg.BUILD):
+                                    reply(build_info(cfg))
+                                with m.Default():
+                                    fail(HostError.BAD_INDEX)
+                        with m.Default():
+                            fail(HostError.BAD_OP)
+
+            with m.State("HOST_READ"):
+                m.d.comb += busy.eq(1)
+                pdata = Array(pay_rd[s].data for s in spaces)[read_space]
+                fdata = Array(flg_rd[s].data for s in spaces)[read_space]
+                # A published row-major output's flags are its valid region (decision T5).
+                pc_log = Signal(5)
+                for b in range(16):
+                    with m.If(le.desc.phys_cols == (1 << b)):
+                        m.d.comb += pc_log.eq(b)
+                synth = Signal(64)
+                for i in range(64):
+                    slot = Cat(Const(i, 6), cmd.addr)
+                    row = slot >> pc_log
+                    col = slot & (le.desc.phys_cols - 1)
+                    m.d.comb += synth[i].eq((row < le.desc.valid_rows) & (col < le.desc.valid_cols))
+                flags_word = Mux((read_space < PE_COUNT) & le.synth, synth, fdata)
+                reply(Mux(read_flags, flags_word, pdata))
+                m.next = "IDLE"
+
+            with m.State("CFG_SCAN"):
+                m.d.comb += busy.eq(1)
+                with m.If(scan_found):
+                    m.d.sync += [cfg_base.eq(scan_base), clear_pos.eq(scan_base << 2),
+                                 clear_end.eq((scan_base + scan_need) << 2)]
+                    m.next = "CFG_INSTALL"
+                with m.Elif(scan_pos == chunks[scan_space] - 1):
+                    fail(HostError.NO_SPACE)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += [scan_pos.eq(scan_pos + 1), scan_run.eq(run),
+                                 scan_start.eq(start)]
+
+            with m.State("CFG_INSTALL"):
+                m.d.comb += busy.eq(1)
+                m.d.comb += [mark_space.eq(space), mark_base.eq(cfg_base),
+                             mark_count.eq(scan_need), mark_set.eq(1)]
+                with m.If(is_pe):
+                    m.d.comb += [new_local.desc.eq(staged_l), new_local.base.eq(cfg_base),
+                                 new_local.undef.eq(undef_init)]
+                    write_local(Cat(idx[:6], space[:2]), new_local)
+                    write_fm(Cat(idx[:6], space[:2]), 0)
+                    set_held(space[:2], idx[:6], 1)
+                    m.d.sync += [pe_bytes[space[:2]].eq(pe_bytes[space[:2]] + (scan_need << 7)),
+                                 in_use.eq(in_use + (scan_need << 7))]
+                with m.Else():
+                    m.d.comb += [new_shared.desc.eq(staged_s), new_shared.base.eq(cfg_base),
+                                 new_shared.undef.eq(undef_init)]
+                    write_shared(idx, new_shared)
+                    m.d.sync += in_use.eq(in_use + (scan_need << 7) * popcnt)
+                m.next = "CFG_CLEAR"
+
+            with m.State("CFG_CLEAR"):
+                # The new register's flags start undefined, one flag word per cycle.
+                m.d.comb += busy.eq(1)
+                for s in spaces:
+                    with m.If(space == s):
+                        m.d.comb += [flg_wr[s].en.eq(1), flg_wr[s].addr.eq(clear_pos),
+                                     flg_wr[s].data.eq(0)]
+                m.d.sync += clear_pos.eq(clear_pos + 1)
+                with m.If(clear_pos + 1 == clear_end):
+                    reply(cfg_base)
+                    m.next = "IDLE"
+
+            # ---- placement of an approved plan ---------------------------------------
+            with m.State("PLACE_SRC"):
+                # Latch each PE's SOURCE register and feature map (the TIMG2COL jobs).
+                m.d.comb += busy.eq(1)
+                src = plan.operands[9].index[:6]
+                m.d.comb += [l_int.addr.eq(Cat(src, walk_pe)), fm_rd.addr.eq(Cat(src, walk_pe))]
+                m.d.sync += [src_entry[walk_pe].eq(l_int.data), src_fm[walk_pe].eq(fm_rd.data)]
+                m.d.sync += walk_pe.eq(walk_pe + 1)
+                with m.If(walk_pe == PE_COUNT - 1):
+                    m.d.sync += walk_pe.eq(0)
+                    m.next = "PLACE_NEXT"
+
+            with m.State("PLACE_NEXT"):
+                m.d.comb += busy.eq(1)
+                with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
+                    m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j]),
+                                 scan_pos.eq(0), scan_run.eq(0)]
+                    m.next = "PLACE_SCAN"
+                with m.Else():
+                    self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
+
+            with m.State("PLACE_SCAN"):
+                m.d.comb += busy.eq(1)
+                with m.If(scan_found):
+                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(scan_base),
+                                 mark_count.eq(scan_need), mark_set.eq(1)]
+                    m.d.sync += [bases[walk_pe][walk_j].eq(scan_base),
+                                 placed.bit_select(Cat(walk_j, walk_pe), 1).eq(1)]
+                    self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
+                with m.Elif(scan_pos == chunks[scan_space] - 1):
+                    # Fragmentation: undo what this bundle placed (decision T4).
+                    m.d.sync += [ok.eq(0), walk_pe.eq(0), walk_j.eq(0)]
+                    m.next = "FREE_PLACED"
+                with m.Else():
+                    m.d.sync += [scan_pos.eq(scan_pos + 1), scan_run.eq(run),
+                                 scan_start.eq(start)]
+
+            with m.State("PLACE_END"):
+                m.d.comb += [self.req_done.eq(1), self.req_ok.eq(ok)]
+                m.next = "IDLE"
+
+            with m.State("FREE_PLACED"):
+                m.d.comb += busy.eq(1)
+                with m.If(placed.bit_select(Cat(walk_j, walk_pe), 1)):
+                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(bases[walk_pe][walk_j]),
+                                 mark_count.eq(out_cells[walk_j]), mark_clear.eq(1)]
+                self._advance(m, walk_pe, walk_j, "FREE_PLACED", "PLACE_END")
+
+            # ---- publication ----------------------------------------------------------
+            with m.State("PUBLISH"):
+                m.d.comb += busy.eq(1)
+                o = outs[walk_j]
+                g = plan.d_geometry[walk_pe]
+                role = o.role
+                with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
+                    d = new_local.desc
+                    is_d = role == OutputRole.D
+                    m.d.comb += [
+                        d.allocated.eq(1), d.dtype.eq(o.dtype),
+                        d.layout.eq(Mux(is_d, g.layout, Layout.ROW_MAJOR)),
+                        d.location.eq(Mux((role == OutputRole.D) | (role == OutputRole.IMG2COL),
+                                          TileLocation.MATRIX, TileLocation.ANY)),
+                        d.cells.eq(out_cells[walk_j]), d.valid_rows.eq(o.rows),
+                        d.valid_cols.eq(o.cols), d.phys_cols.eq(Mux(is_d, 0, o.phys_cols)),
+                        new_local.base.eq(bases[walk_pe][walk_j]), new_local.synth.eq(1),
+                    ]
+                    write_local(Cat(o.index, walk_pe), new_local)
+                    write_fm(Cat(o.index, walk_pe), 0)
+                    nbytes = out_cells[walk_j] << 7
+                    set_held(walk_pe, o.index, 1)
+                    m.d.sync += [pe_bytes[walk_pe].eq(pe_bytes[walk_pe] + nbytes),
+                                 in_use.eq(in_use + nbytes)]
+                with m.If((walk_pe == PE_COUNT - 1) & (walk_j == 2)):
+                    m.d.sync += status.eq(status | self.flags)
+                self._advance(m, walk_pe, walk_j, "PUBLISH", "PLACE_END")
+
+        # ---- preflight payload reads, then the engines: later assignments take priority
+        with m.If(wd.en):
+            for p in range(PE_COUNT):
+                with m.If(wd.pe == p):
+                    read(p, (l_word.data.base << 4) + wd.addr)
+        self._engine_port(m, l_int, s_int, pay_rd, pay_wr, busy)
+        self._element_ports(m, pay_rd, pay_wr, flg_rd, src_entry, bases)
+        return m
+
+    @staticmethod
+    def _advance(m, pe, j, same, last):
+        """Next (PE, output) of a walk over 4 x 3 entries, PE0 first."""
+        with m.If(j == 2):
+            m.d.sync += [j.eq(0), pe.eq(pe + 1)]
+            with m.If(pe == PE_COUNT - 1):
+                m.d.sync += pe.eq(0)
+                m.next = last
+            with m.Else():
+                m.next = same
+        with m.Else():
+            m.d.sync += j.eq(j + 1)
+            m.next = same
+
+    def _engine_port(self, m, l_int, s_int, pay_rd, pay_wr, seq_busy):
+        """The CUBE engine's TilePort: descriptors and payload words, one request at a time."""
+        e = self.engine
+        # Descriptor lookups use the internal register-file ports while the sequencer idles.
+        rsp_valid = Signal()
+        m.d.comb += [e.desc_rsp.valid.eq(rsp_valid), e.desc_req.ready.eq(~rsp_valid & ~seq_busy)]
+        with m.If(e.desc_rsp.ready):
+            m.d.sync += rsp_valid.eq(0)
+        with m.If(e.desc_req.valid & ~rsp_valid & ~seq_busy):
+            q = e.desc_req.payload
+            shared = q.space == MemSpace.SHARED
+            m.d.comb += [l_int.addr.eq(Cat(q.index[:6], Value.cast(q.space)[:2])), s_int.addr.eq(q.index)]
+            ld, sd = l_int.data, s_int.data
+            r = e.desc_rsp.payload
+            m.d.sync += [
+                rsp_valid.eq(1),
+                r.allocated.eq(Mux(shared, sd.desc.published & (sd.desc.allocation_mask != 0),
+                                   ld.desc.allocated)),
+                r.dtype.eq(Mux(shared, sd.desc.dtype, ld.desc.dtype)),
+                r.layout.eq(Mux(shared, sd.desc.layout, ld.desc.layout)),
+                r.cells.eq(Mux(shared, sd.desc.cells, ld.desc.cells)),
+                r.valid_rows.eq(Mux(shared, sd.desc.valid_rows, ld.desc.valid_rows)),
+                r.valid_cols.eq(Mux(shared, sd.desc.valid_cols, ld.desc.valid_cols)),
+                r.phys_cols.eq(Mux(shared, sd.desc.phys_cols, ld.desc.phys_cols)),
+                r.base.eq(Mux(shared, sd.base, ld.base)),
+            ]
+        # Payload words: one outstanding read, held in the memory's read register.
+        mem_valid = Signal()
+        mem_space = Signal(3)
+        m.d.comb += [e.mem_rsp.valid.eq(mem_valid),
+                     e.mem_rsp.payload.eq(Array(p.data for p in pay_rd)[mem_space]),
+                     e.mem_req.ready.eq(~mem_valid | e.mem_rsp.ready)]
+        with m.If(e.mem_rsp.ready):
+            m.d.sync += mem_valid.eq(0)
+        with m.If(e.mem_req.valid & e.mem_req.ready):
+            m.d.sync += [mem_valid.eq(1), mem_space.eq(e.mem_req.payload.space)]
+            for s, port in enumerate(pay_rd):
+                with m.If(e.mem_req.payload.space == MemSpace(s)):
+                    m.d.comb += [port.en.eq(1), port.addr.eq(e.mem_req.payload.addr)]
+        m.d.comb += e.mem_wr.ready.eq(1)
+        with m.If(e.mem_wr.valid):
+            w = e.mem_wr.payload
+            for s, port in enumerate(pay_wr):
+                with m.If(w.space == MemSpace(s)):
+                    m.d.comb += [port.en.eq(w.mask), port.addr.eq(w.addr), port.data.eq(w.data)]
+
+    def _element_ports(self, m, pay_rd, pay_wr, flg_rd, src_entry, bases):
+        """Per PE: TIMG2COL source element reads and destination element writes."""
+        dtype = self.plan.a_type
+        shift = _log2_bytes(dtype)
+        ww = self.ww
+        for p in range(PE_COUNT):
+            port = self.i2c[p]
+            desc, src_base, synth = src_entry[p].desc, src_entry[p].base, src_entry[p].synth
+            rsp_valid = Signal(name=f"i2c{p}_rsp_valid")
+            byte = Signal(8, name=f"i2c{p}_byte")
+            index = Signal(port.src_req.payload.shape(), name=f"i2c{p}_index")
+            m.d.comb += port.src_req.ready.eq(~rsp_valid | port.src_rsp.ready)
+            with m.If(port.src_rsp.ready):
+                m.d.sync += rsp_valid.eq(0)
+            addr = (src_base << 7) + (port.src_req.payload << shift)
+            with m.If(port.src_req.valid & port.src_req.ready):
+                m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(port.src_req.payload)]
+                m.d.comb += [pay_rd[p].en.eq(1), pay_rd[p].addr.eq(addr[3:3 + ww]),
+                             flg_rd[p].en.eq(1),
+                             flg_rd[p].addr.eq((src_base << 2) + (port.src_req.payload >> 6))]
+            pc_log = Signal(5, name=f"i2c{p}_pc_log")
+            for b in range(16):
+                with m.If(desc.phys_cols == (1 << b)):
+                    m.d.comb += pc_log.eq(b)
+            implicit = (((index >> pc_log) < desc.valid_rows)
+                        & ((index & (desc.phys_cols - 1)) < desc.valid_cols))
+            m.d.comb += [
+                port.src_rsp.valid.eq(rsp_valid),
+                port.src_rsp.payload.data.eq(pay_rd[p].data >> (byte << 3)),
+                port.src_rsp.payload.defined.eq(
+                    Mux(synth, implicit, flg_rd[p].data.bit_select(index[:6], 1))),
+            ]
+            # Destination writes into the placed output (entry 0), always accepted.
+            m.d.comb += port.dst.ready.eq(1)
+            with m.If(port.dst.valid):
+                w = port.dst.payload
+                daddr = (bases[p][0] << 7) + (w.addr << shift)
+                lane = daddr[:3]
+                width_mask = Mux(shift == 2, 0xF, Mux(shift == 1, 0x3, 0x1))
+                m.d.comb += [pay_wr[p].en.eq((width_mask << lane)[:8]),
+                             pay_wr[p].addr.eq(daddr[3:3 + ww]),
+                             pay_wr[p].data.eq((w.data << (lane << 3))[:64])]

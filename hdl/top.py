@@ -1,0 +1,269 @@
+"""The CUBE unit: bundle decoder, legality preflight, engines and tile store in one component.
+
+:class:`CubeUnit` takes instruction parcels (the decoder's ``ParcelBeat`` stream) and host
+commands (:mod:`ptocube.hdl.host`), and reports one ``status`` item per bundle::
+
+    parcels ─► BundleDecoder ─► Preflight ─► place ─► engines ─► publish / abort ─► status
+                     ▲  GPR         ▲ read ports      │ TilePort / element ports
+                     └──────────────┴──── TileStore ◄─┘ ◄── host_cmd / host_rsp
+
+A bundle's life (decision T1): the preflight's verdict is taken; a FAULT or NOOP verdict
+becomes its status at once.  An APPROVE verdict asks the store to PLACE every output on
+every selected PE (first fit; a destination that cannot be placed is Fault_TileAllocation,
+decision T4), then runs the engines - one :class:`~ptocube.hdl.img2col_engine.Img2ColEngine`
+per selected PE for TIMG2COL, the CUBE engine (:mod:`ptocube.hdl.cube`, when the build has
+it) for Matrix plans - and finally asks the store to PUBLISH (every engine committed, and the
+preflight's ``commit_enable`` is high) or to ABORT (free the placement).  Only then does the
+preflight see ``exec_done`` and take the next record, so nothing can observe a half-published
+group.  ``docs/hdl-top.md`` has the timing and figures.
+"""
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..model.bundle import Operation
+from ..model.faults import FaultClass
+from ..model.state import PE_COUNT
+from .config import CubeConfig
+from .decoder import BundleDecoder, ParcelBeat
+from .host import HostCommandLayout, HostResponseLayout, StatusLayout, StatusOutcome
+from .img2col_engine import Img2ColEngine
+from .preflight import Outcome, Preflight, img2col_job
+from .tile_desc import OutputRole
+from .tile_store import StoreOp, TileStore
+
+__all__ = ["CubeUnit", "cube_engine_class", "PARCELS_PER_BEAT"]
+
+#: Parcels per beat of the ``parcels`` stream.
+PARCELS_PER_BEAT = 2
+
+
+def cube_engine_class():
+    """The CUBE engine class of :mod:`ptocube.hdl.cube`, or None while it does not exist."""
+    try:
+        from .cube import CubeEngine
+    except ImportError:
+        return None
+    return CubeEngine
+
+
+class CubeUnit(wiring.Component):
+    """The CUBE unit top level.
+
+    Parameters
+    ----------
+    config : CubeConfig
+        The build (array, type classes, memories).
+    cube : bool
+        Build the CUBE engine (default: when :mod:`ptocube.hdl.cube` is available).  Without
+        it an approved Matrix bundle ends as Fault_TileLegality (decision T2).
+
+    Members
+    -------
+    parcels : In(stream.Signature(ParcelBeat(2)))
+        The instruction stream; ``last`` ends a program.
+    host_cmd : In(stream.Signature(HostCommandLayout))
+    host_rsp : Out(stream.Signature(HostResponseLayout))
+        The host port (``docs/hdl-top.md``); commands wait while a bundle is in flight.
+    status : Out(stream.Signature(StatusLayout))
+        One item per bundle, in program order.
+    busy : Out(1)
+        A record is on its way out of the decoder, in the preflight or executing, or the
+        store serves a host command.  The decoder finishes a record within 8 cycles of its
+        boundary parcel while its output is free, so ``busy`` low for 16 cycles after the
+        last beat was taken means every bundle of the program has its status.
+    """
+
+    def __init__(self, config: CubeConfig = CubeConfig(), *, cube: bool | None = None):
+        self.config = config
+        engine = cube_engine_class()
+        self.has_cube = engine is not None if cube is None else cube
+        if self.has_cube and engine is None:
+            raise ValueError("this checkout has no CUBE engine (ptocube.hdl.cube)")
+        self._cube_class = engine
+        super().__init__({
+            "parcels": In(stream.Signature(ParcelBeat(PARCELS_PER_BEAT))),
+            "host_cmd": In(stream.Signature(HostCommandLayout)),
+            "host_rsp": Out(stream.Signature(HostResponseLayout)),
+            "status": Out(stream.Signature(StatusLayout)),
+            "busy": Out(1),
+        })
+        # Submodules are created here so a testbench or waveform writer can name them.
+        self.decoder = BundleDecoder(config, parcels_per_beat=PARCELS_PER_BEAT)
+        self.preflight = Preflight(config)
+        self.store = TileStore(config)
+        self.img2col = [Img2ColEngine(config) for _ in range(PE_COUNT)]
+        self.cube = self._cube_class(config) if self.has_cube else None
+        self.phase = Signal(4, name="top_phase")
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        dec, pf, st = self.decoder, self.preflight, self.store
+        m.submodules.decoder, m.submodules.preflight, m.submodules.store = dec, pf, st
+        for p, eng in enumerate(self.img2col):
+            m.submodules[f"img2col{p}"] = eng
+
+        wiring.connect(m, wiring.flipped(self.parcels), dec.i)
+        # A record waits while the store serves a host command (decision T3).
+        m.d.comb += [pf.record.payload.eq(dec.o.payload),
+                     pf.record.valid.eq(dec.o.valid & st.idle),
+                     dec.o.ready.eq(pf.record.ready & st.idle)]
+        wiring.connect(m, wiring.flipped(self.host_cmd), st.host_cmd)
+        wiring.connect(m, st.host_rsp, wiring.flipped(self.host_rsp))
+        for name in ("tile_rd", "shared_rd", "word_rd", "gpr_rd", "alloc"):
+            wiring.connect(m, getattr(pf, name), getattr(st, name))
+        m.d.comb += [st.gpr_index.eq(dec.gpr_index), dec.gpr_value.eq(st.gpr_value),
+                     st.plan.eq(pf.plan)]
+        for p, eng in enumerate(self.img2col):
+            port = st.i2c[p]
+            wiring.connect(m, eng.src_req, port.src_req)
+            wiring.connect(m, port.src_rsp, eng.src_rsp)
+            wiring.connect(m, eng.dst, port.dst)
+            job = img2col_job(m, plan=pf.plan, desc=st.src_desc[p], fm=st.src_fm[p],
+                              tile_capacity=st.tile_capacity, config=cfg)
+            m.d.comb += eng.job.payload.eq(job)
+
+        plan = pf.plan
+        pe_sel = Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1], plan.pe_mask[0])
+        is_img2col = plan.op == Operation.TIMG2COL.value
+
+        cube = self.cube
+        if cube is not None:
+            m.submodules.cube = cube
+            wiring.connect(m, cube.tile, st.engine)
+            datr = pf.rec.bundle.datr
+            m.d.comb += [cube.plan.eq(plan), st.flags.eq(Mux(is_img2col, 0, cube.flags)),
+                         cube.rmode.eq(Mux(pf.rec.bundle.datr_valid, datr.rmode, 0)),
+                         cube.sat.eq(Mux(pf.rec.bundle.datr_valid, datr.sat, 0))]
+            for p in range(PE_COUNT):
+                for j in range(3):
+                    m.d.comb += cube.out_base[p][j].eq(st.out_base[p][j])
+
+        # Cycles since the current record left the decoder.
+        cycles = Signal(32)
+        with m.If(dec.o.valid & dec.o.ready):
+            m.d.sync += cycles.eq(1)
+        with m.Elif(~cycles.all()):
+            m.d.sync += cycles.eq(cycles + 1)
+
+        status = Signal(StatusLayout)
+        status_valid = Signal()
+        m.d.comb += [self.status.payload.eq(status), self.status.valid.eq(status_valid)]
+        with m.If(self.status.ready):
+            m.d.sync += status_valid.eq(0)
+
+        # A bundle that faults after decode tells the decoder (model D29): if a start ended
+        # it, that start opens nothing.  The preflight keeps the record stream stalled until
+        # then, as the decoder's squash protocol requires.
+        squash = Signal()
+        if "squash" in dec.signature.members:
+            m.d.comb += dec.squash.eq(squash)
+
+        # Outcome collection of the engines.
+        done = Signal(PE_COUNT)
+        commit = Signal(PE_COUNT)
+        first_fault = Signal(FaultClass)
+        faulted = Signal()
+        boundary = pf.rec.bundle.boundary_index
+
+        def report(outcome, fault=FaultClass.NONE, index=0, published=False):
+            outs = [plan.outputs[j] for j in range(3)]
+            m.d.sync += [
+                status.outcome.eq(outcome), status.fault.eq(fault),
+                status.fault_index.eq(index), status.cycles.eq(cycles),
+                status.flags.eq(Mux(published, st.flags, 0)),
+                status.pe_mask.eq(Mux(published, plan.pe_mask, 0)),
+                status.op_valid.eq(pf.rec.fault == 0), status.op.eq(pf.rec.bundle.op),
+                status_valid.eq(1),
+            ]
+            for j, o in enumerate(outs):
+                m.d.sync += [status.outputs[j].valid.eq(Mux(published,
+                                                            o.role != OutputRole.NONE, 0)),
+                             status.outputs[j].index.eq(Mux(published, o.index, 0))]
+
+        m.d.comb += self.busy.eq(pf.busy | dec.o.valid | (self.phase != 0) | ~st.idle
+                                 | status_valid)
+        # The host may act only when no bundle is anywhere past the decoder.
+        m.d.comb += st.host_enable.eq(~pf.busy & ~pf.record.valid & (self.phase == 0))
+
+        with m.FSM(name="top"):
+            with m.State("IDLE"):
+                m.d.comb += self.phase.eq(0)
+                v = pf.verdict.payload
+                with m.If(pf.verdict.valid & ~status_valid):
+                    m.d.comb += pf.verdict.ready.eq(1)
+                    with m.Switch(v.outcome):
+                        with m.Case(Outcome.FAULT):
+                            m.d.comb += squash.eq(1)
+                            report(StatusOutcome.FAULT, v.fault, v.fault_index)
+                        with m.Case(Outcome.NOOP):
+                            report(StatusOutcome.NOOP)
+                        with m.Default():
+                            m.next = "PLACE"
+            with m.State("PLACE"):
+                m.d.comb += [self.phase.eq(1), st.req.eq(StoreOp.PLACE), st.req_valid.eq(1)]
+                with m.If(st.req_done):
+                    m.d.comb += st.req_valid.eq(0)
+                    with m.If(st.req_ok):
+                        m.d.sync += [done.eq(~pe_sel), commit.eq(~pe_sel), faulted.eq(0)]
+                        with m.If(is_img2col):
+                            m.next = "IMG2COL"
+                        with m.Else():
+                            m.next = "MATRIX"
+                    with m.Else():
+                        m.d.comb += [pf.exec_done.eq(1), squash.eq(1)]
+                        report(StatusOutcome.FAULT, FaultClass.TILE_ALLOCATION, boundary)
+                        m.next = "IDLE"
+            with m.State("IMG2COL"):
+                m.d.comb += self.phase.eq(2)
+                started = Signal(PE_COUNT)
+                for p, eng in enumerate(self.img2col):
+                    with m.If(pe_sel[p] & ~started[p] & ~done[p]):
+                        m.d.comb += eng.job.valid.eq(1)
+                        with m.If(eng.job.ready):
+                            m.d.sync += started[p].eq(1)
+                    with m.If(eng.done):
+                        m.d.sync += [done[p].eq(1), commit[p].eq(eng.commit), started[p].eq(0)]
+                        # Engines report only the class; every PE's class is the model's
+                        # (the destination check is PE-independent), so any one will do.
+                        with m.If(~eng.commit & ~faulted):
+                            m.d.sync += [first_fault.eq(eng.fault), faulted.eq(1)]
+                with m.If(done.all()):
+                    m.next = "FINISH"
+            with m.State("MATRIX"):
+                m.d.comb += self.phase.eq(3)
+                if cube is None:
+                    m.d.sync += [first_fault.eq(FaultClass.TILE_LEGALITY), faulted.eq(1),
+                                 commit.eq(0)]
+                    m.next = "FINISH"
+                else:
+                    started = Signal()
+                    with m.If(~started):
+                        m.d.comb += cube.start.eq(1)
+                        m.d.sync += started.eq(1)
+                    with m.If(cube.done):
+                        m.d.sync += started.eq(0)
+                        with m.If(cube.commit):
+                            m.d.sync += commit.eq(0b1111)
+                        with m.Else():
+                            m.d.sync += [commit.eq(0), first_fault.eq(cube.fault), faulted.eq(1)]
+                        m.next = "FINISH"
+            with m.State("FINISH"):
+                m.d.comb += self.phase.eq(4)
+                publish = commit.all() & ~faulted & pf.commit_enable
+                m.d.comb += [st.req.eq(Mux(publish, StoreOp.PUBLISH, StoreOp.ABORT)),
+                             st.req_valid.eq(1)]
+                m.next = "WAIT"
+            with m.State("WAIT"):
+                m.d.comb += self.phase.eq(5)
+                with m.If(st.req_done):
+                    m.d.comb += pf.exec_done.eq(1)
+                    with m.If(faulted):
+                        m.d.comb += squash.eq(1)
+                        report(StatusOutcome.FAULT, first_fault, boundary)
+                    with m.Else():
+                        report(StatusOutcome.SUCCESS, published=True)
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,269 @@
+"""The tile store alone: host-port round trips, errors, placement, and the preflight's ports.
+
+A model :class:`State` is loaded through the host port (:func:`ptocube.sim.host.load_state`);
+then every preflight read port and the allocation inputs must answer what the preflight tests'
+model store (``encode_tile``, ``tile_defined``, ...) answers, and every host read must return
+what was written.
+"""
+
+import pytest
+from amaranth.hdl import Value
+from amaranth.sim import Simulator
+
+from ptocube.hdl.config import CubeConfig
+from ptocube.hdl.host import (HostCommand, HostError, HostOp, SysReg, build_info,
+                              decode_response, encode_command, join_parts, split_parts)
+from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
+from ptocube.hdl.tile_desc import encode_shared, encode_tile, shared_defined, tile_defined
+from ptocube.hdl.tile_store import TileStore
+from ptocube.model.datatype import DataType
+from ptocube.model.layout import Layout
+from ptocube.model.scenario import parse_scenario
+from ptocube.model.state import Tile
+from ptocube.sim.host import _flag_words, load_state, tile_words
+
+CONFIG = CubeConfig(tile_bytes_per_pe=8192, shared_bytes=4096)
+
+STATE = parse_scenario({
+    "name": "store",
+    "gprs": {"a0": "0x603e800000", "R5": 7, "R23": -1},
+    "status": ["NV", "UF"],
+    "tile_capacity": 65536,
+    "tiles": {
+        "PE0": {"M": [{"dtype": "S8", "layout": "CUBE_M16",
+                       "data": [[1, 2, 3, 4, 5, 6, 7, 8], [-1, -2, None, -4, -5, -6, -7, -8]]}]},
+        "PE2": {"T": [None, {"dtype": "FP16", "layout": "CUBE_N8", "shape": [20, 9],
+                             "fill": 1.5}]},
+        "all": {"N": [{"dtype": "S8", "layout": "CUBE_N8",
+                       "data": [[1, 0, 0, -1], [0, 1, 0, -1], [2, 0, 0, 127]]}],
+                "U": [{"dtype": "U64", "data": [["0x123456789abcdef0", 5, 6]], "cols": 4},
+                      {"dtype": "U8", "location": "Matrix", "cols": 8, "tsize": 256,
+                       "data": [[1, 2, 3], [4, None, 6]],
+                       "feature_map": {"height": 2, "width": 3, "padding": 77}}]},
+    },
+    "shared": {"S9": {"dtype": "S32", "data": [[1, 2], [3, 4]], "cols": 4},
+               "S200": {"dtype": "E8M0", "data": [["0x7f", None]], "initialized_mask": "1000",
+                        "published": False}},
+    "program": "BSTOP",
+}).state
+
+
+def _run(bench):
+    """Simulate a TileStore with ``bench(ctx, store, transact)`` as the testbench."""
+    store = TileStore(CONFIG)
+    sim = Simulator(store)
+    sim.add_clock(1e-8)
+
+    async def transact(ctx, cmd):
+        ctx.set(store.host_cmd.valid, 1)
+        ctx.set(Value.cast(store.host_cmd.payload), encode_command(cmd))
+        while not (await ctx.tick().sample(store.host_cmd.ready))[2]:
+            pass
+        ctx.set(store.host_cmd.valid, 0)
+        while True:
+            _, _, valid, bits = await ctx.tick().sample(store.host_rsp.valid,
+                                                        Value.cast(store.host_rsp.payload))
+            if valid:
+                return decode_response(bits)
+
+    async def main(ctx):
+        ctx.set(store.host_enable, 1)
+        ctx.set(store.host_rsp.ready, 1)
+        await bench(ctx, store, transact)
+
+    sim.add_testbench(main)
+    sim.run()
+
+
+async def _drive(ctx, transact, gen):
+    rsp = None
+    while True:
+        try:
+            cmd = gen.send(rsp)
+        except StopIteration as stop:
+            return stop.value
+        rsp = await transact(ctx, cmd)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """Everything read back from a store loaded with STATE (host and preflight ports)."""
+    out = {}
+
+    async def bench(ctx, store, transact):
+        await _drive(ctx, transact, load_state(STATE, CONFIG))
+        rd = {}
+        for pe in range(4):
+            for index in range(64):
+                ctx.set(store.tile_rd.en, 1)
+                ctx.set(store.tile_rd.pe, pe)
+                ctx.set(store.tile_rd.index, index)
+                await ctx.tick()
+                ctx.set(store.tile_rd.en, 0)
+                rd[pe, index] = (ctx.get(Value.cast(store.tile_rd.desc)),
+                                 ctx.get(store.tile_rd.defined))
+        out["tile_rd"] = rd
+        srd = {}
+        for sid in (0, 9, 200, 255):
+            ctx.set(store.shared_rd.en, 1)
+            ctx.set(store.shared_rd.sid, sid)
+            await ctx.tick()
+            ctx.set(store.shared_rd.en, 0)
+            srd[sid] = (ctx.get(Value.cast(store.shared_rd.desc)), ctx.get(store.shared_rd.defined))
+        out["shared_rd"] = srd
+        words = {}
+        for pe in range(4):
+            for addr in range(3):
+                ctx.set(store.word_rd.en, 1)
+                ctx.set(store.word_rd.pe, pe)
+                ctx.set(store.word_rd.index, 16)                       # U#1
+                ctx.set(store.word_rd.addr, addr)
+                await ctx.tick()
+                ctx.set(store.word_rd.en, 0)
+                words[pe, addr] = ctx.get(store.word_rd.data)
+        out["word_rd"] = words
+        gprs = {}
+        for number in range(24):
+            ctx.set(store.gpr_rd.en, 1)
+            ctx.set(store.gpr_rd.addr, number)
+            await ctx.tick()
+            ctx.set(store.gpr_rd.en, 0)
+            gprs[number] = ctx.get(store.gpr_rd.data)
+        out["gpr_rd"] = gprs
+        out["alloc"] = (ctx.get(store.alloc.allocated), ctx.get(store.alloc.capacity_in_use),
+                        [ctx.get(store.alloc.pe_bytes_in_use[p]) for p in range(4)],
+                        ctx.get(store.alloc.tile_capacity))
+        host = {}
+        for pe, index, tile in _tiles():
+            host[pe, index, "words"] = [
+                (await transact(ctx, HostCommand(HostOp.READ_WORD, pe, index, a))).data
+                for a in range(tile.capacity // 8)]
+            host[pe, index, "flags"] = [
+                (await transact(ctx, HostCommand(HostOp.READ_FLAGS, pe, index, a))).data
+                for a in range(tile.capacity // 128 * 4)]
+            host[pe, index, "desc"] = [
+                (await transact(ctx, HostCommand(HostOp.READ_DESC, pe, index, a))).data
+                for a in range(4)]
+        host["fm"] = [(await transact(ctx, HostCommand(HostOp.READ_FM, 1, 17, a))).data
+                      for a in range(6)]
+        host["gpr"] = [(await transact(ctx, HostCommand(HostOp.READ_GPR, index=n))).data
+                       for n in range(24)]
+        host["sys"] = [(await transact(ctx, HostCommand(HostOp.READ_SYS, addr=r.value))).data
+                       for r in SysReg]
+        out["host"] = host
+
+    _run(bench)
+    return out
+
+
+def _tiles():
+    for pe in range(4):
+        for index, tile in enumerate(STATE.pes[pe].tiles):
+            if tile is not None:
+                yield pe, index, tile
+    for sid, shared in STATE.shared.items():
+        yield 4, sid, shared.tile
+
+
+def test_tile_read_port_matches_model(loaded):
+    for (pe, index), (desc, defined) in loaded["tile_rd"].items():
+        tile = STATE.tile(pe, index)
+        assert desc == encode_tile(tile), (pe, index)
+        assert defined == tile_defined(tile), (pe, index)
+    # The undefined element of PE0 M#1 makes it not defined; the others are.
+    assert loaded["tile_rd"][0, 32][1] == 0 and loaded["tile_rd"][1, 48][1] == 1
+
+
+def test_shared_read_port_matches_model(loaded):
+    for sid, (desc, defined) in loaded["shared_rd"].items():
+        shared = STATE.shared.get(sid)
+        assert desc == encode_shared(shared) and defined == shared_defined(shared), sid
+
+
+def test_word_and_gpr_ports_and_allocation(loaded):
+    for (pe, addr), word in loaded["word_rd"].items():
+        assert word == tile_words(STATE.tile(pe, 16))[addr]
+    assert loaded["gpr_rd"] == {n: STATE.read_gpr(n) for n in range(24)}
+    allocated, in_use, pe_bytes, capacity = loaded["alloc"]
+    assert allocated == sum(1 << i for i in range(64) if STATE.index_allocated(i))
+    assert in_use == STATE.capacity_in_use()
+    assert pe_bytes == [sum(t.capacity for t in pe.tiles if t is not None) for pe in STATE.pes]
+    assert capacity == STATE.tile_capacity
+
+
+def test_host_reads_return_what_was_loaded(loaded):
+    host = loaded["host"]
+    for pe, index, tile in _tiles():
+        assert host[pe, index, "words"] == tile_words(tile)
+        flags = _flag_words(tile)[:tile.capacity // 128 * 4]
+        assert host[pe, index, "flags"][:len(flags)] == flags
+        assert not any(host[pe, index, "flags"][len(flags):])
+        desc = encode_tile(tile) if pe < 4 else encode_shared(STATE.shared[index])
+        assert join_parts(host[pe, index, "desc"][:2]) == desc
+        assert host[pe, index, "desc"][3] == int((~tile.defined_valid()).sum())
+    fm = STATE.tile(1, 17).feature_map
+    assert join_parts(host["fm"]) == FEATURE_MAP_DESCRIPTOR.encode(fm)
+    assert host["gpr"] == [STATE.read_gpr(n) for n in range(24)]
+    assert host["sys"] == [STATE.tile_capacity, STATE.flags, STATE.capacity_in_use(),
+                           sum(1 << i for i in range(64) if STATE.index_allocated(i)),
+                           build_info(CONFIG)]
+
+
+def test_payloads_do_not_overlap(loaded):
+    """First fit: every register's CELLs are its own."""
+    used = {}
+    for pe, index, tile in _tiles():
+        base = loaded["host"][pe, index, "desc"][2]
+        for cell in range(base, base + tile.capacity // 128):
+            assert (pe, cell) not in used, (pe, index, used.get((pe, cell)))
+            used[pe, cell] = index
+
+
+def test_host_errors_and_replacement():
+    """Each refused command changes nothing and names its reason; FREE then CONFIGURE reuses
+    the first fitting hole."""
+    results = {}
+    one = Tile.from_raw(DataType.S8, Layout.ROW_MAJOR, [[1]], 1024)
+    big = Tile.from_raw(DataType.S8, Layout.ROW_MAJOR, [[1]], 8192)
+
+    async def stage(ctx, transact, bits):
+        for part, word in enumerate(split_parts(bits, 2)):
+            assert (await transact(ctx, HostCommand(HostOp.DESC_PART, addr=part, data=word))).ok
+
+    async def bench(ctx, store, transact):
+        async def do(name, cmd):
+            results[name] = await transact(ctx, cmd)
+        await stage(ctx, transact, encode_tile(one))
+        await do("cfg_a", HostCommand(HostOp.CONFIGURE, 1, 3))
+        await do("cfg_b", HostCommand(HostOp.CONFIGURE, 1, 4))
+        await do("again", HostCommand(HostOp.CONFIGURE, 1, 3))
+        await do("bad_space", HostCommand(HostOp.READ_WORD, 6, 3))
+        await do("bad_index", HostCommand(HostOp.READ_WORD, 1, 64))
+        await do("bad_gpr", HostCommand(HostOp.WRITE_GPR, index=0, data=1))
+        await do("bad_op", HostCommand(20))
+        await do("empty", HostCommand(HostOp.READ_WORD, 1, 5))
+        await do("range_word", HostCommand(HostOp.READ_WORD, 1, 3, 128))
+        await do("range_flags", HostCommand(HostOp.WRITE_FLAGS, 1, 3, 32))
+        await do("fm_shared", HostCommand(HostOp.READ_FM, 4, 3))
+        await do("read_only", HostCommand(HostOp.WRITE_SYS, addr=SysReg.BUILD.value))
+        await do("free_a", HostCommand(HostOp.FREE, 1, 3))
+        await do("free_empty", HostCommand(HostOp.FREE, 1, 3))
+        await do("cfg_c", HostCommand(HostOp.CONFIGURE, 1, 5))      # reuses A's hole
+        await stage(ctx, transact, encode_tile(big))
+        await do("too_big", HostCommand(HostOp.CONFIGURE, 1, 6))    # 8 KiB, 6 KiB free
+        await stage(ctx, transact, 0)
+        await do("bad_desc", HostCommand(HostOp.CONFIGURE, 1, 6))
+        await do("in_use", HostCommand(HostOp.READ_SYS, addr=SysReg.CAPACITY_IN_USE.value))
+
+    _run(bench)
+    assert results["cfg_a"].ok and results["cfg_a"].data == 0
+    assert results["cfg_b"].data == 8 and results["cfg_c"].ok and results["cfg_c"].data == 0
+    expected = {"again": HostError.ALLOCATED, "bad_space": HostError.BAD_SPACE,
+                "bad_index": HostError.BAD_INDEX, "bad_gpr": HostError.BAD_INDEX,
+                "bad_op": HostError.BAD_OP, "empty": HostError.NOT_ALLOCATED,
+                "range_word": HostError.OUT_OF_RANGE, "range_flags": HostError.OUT_OF_RANGE,
+                "fm_shared": HostError.BAD_SPACE, "read_only": HostError.READ_ONLY,
+                "free_empty": HostError.NOT_ALLOCATED, "too_big": HostError.NO_SPACE,
+                "bad_desc": HostError.BAD_DESCRIPTOR}
+    assert {k: results[k].error for k in expected} == expected
+    assert results["free_a"].ok and results["in_use"].data == 2048

@@ -1,0 +1,287 @@
+"""The simulated CubeUnit against the golden model, scenario by scenario.
+
+Most cases share one simulation (:func:`ptocube.sim.hw_run.run_scenarios_hw` frees every
+register between scenarios), because building the simulator costs several seconds.  Each
+scenario's architectural result (outcomes, fault classes and indices, published tiles word for
+word, per-bundle and sticky flags) must equal ``ptocube run --engine model``'s.
+"""
+
+import json
+import pathlib
+import random
+
+import pytest
+from amaranth.back import verilog
+
+from ptocube.hdl.config import PRESETS, CubeConfig
+from ptocube.hdl.host import HostCommand, HostOp, StatusOutcome, split_parts
+from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
+from ptocube.hdl.tile_desc import encode_tile
+from ptocube.hdl.top import CubeUnit
+from ptocube.model.datatype import DataType
+from ptocube.model.faults import FaultClass
+from ptocube.model.layout import Layout
+from ptocube.model.scenario import load_scenario, parse_scenario
+from ptocube.model.img2col import FeatureMapDescriptor
+from ptocube.model.machine import Machine
+from ptocube.model.state import Location, State, Tile
+from ptocube.sim.host import clear_state, load_state, read_tile
+from ptocube.sim.hw_run import (HardwareUnavailable, SimUnit, architectural, program_beats,
+                                run_one, run_scenarios_hw)
+from ptocube.sim.run import run_scenario
+
+from model_helpers import img2col_bundle
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+#: The simulated build.
+CONFIG = PRESETS["sim-small"]
+
+
+def _example_source():
+    spec = json.loads((EXAMPLES / "img2col-padding.json").read_text())
+    return spec["tiles"]["all"]["M"][0]
+
+
+def _scenario(name, program, tiles=None, **keys):
+    spec = {"name": name, "tiles": tiles or {"all": {"M": [_example_source()]}},
+            "program": program}
+    spec.update(keys)
+    return parse_scenario(spec)
+
+
+def _i2c(**kw):
+    kw.setdefault("destination", ("M", "128B"))
+    return img2col_bundle("U8", kw.pop("cols", 8), kw.pop("rows", 4), **kw)
+
+
+def _random_img2col(rng: random.Random, number: int):
+    """A random TIMG2COL scenario: feature map, source data (a few elements undefined) and a
+    window somewhere in the im2col matrix, with posM/posK from GPRs.  Some are illegal."""
+    dtype, bits = rng.choice([("U8", 8), ("S16", 16), ("FP16", 16), ("U32", 32), ("FP32", 32)])
+    c0 = rng.choice([1, 2, 4])
+    c1, h, w = rng.randint(1, 2), rng.randint(1, 5), rng.randint(1, 5)
+    kh, kw = rng.randint(1, 3), rng.randint(1, 3)
+    fm = {"layout": "NC1HWC0", "height": h, "width": w, "channel_groups": c1,
+          "channels_per_group": c0, "filter_height": kh, "filter_width": kw,
+          "stride_height": rng.randint(1, 2), "stride_width": rng.randint(1, 2),
+          "dilation_height": rng.randint(1, 2), "dilation_width": rng.randint(1, 2),
+          "pad_top": rng.randint(0, 1), "pad_bottom": rng.randint(0, 1),
+          "pad_left": rng.randint(0, 1), "pad_right": rng.randint(0, 1),
+          "logical_channels": rng.randint(1, c1 * c0), "padding": rng.getrandbits(64)}
+    elements = c1 * h * w * c0
+    cols = 16
+    rows = -(-elements // cols)
+    undefined = rng.random() < 0.3
+    data = [[None if undefined and rng.random() < 0.05 else f"0x{rng.getrandbits(bits):x}"
+             for _ in range(cols)] for _ in range(rows)]
+    tsize = max(128, 1 << (rows * cols * bits // 8 - 1).bit_length())
+    source = {"dtype": dtype, "location": "Matrix", "cols": cols, "tsize": tsize, "data": data,
+              "feature_map": fm}
+    out_h = max(1, (h + fm["pad_top"] + fm["pad_bottom"]
+                    - fm["dilation_height"] * (kh - 1) - 1) // fm["stride_height"] + 1)
+    out_w = max(1, (w + fm["pad_left"] + fm["pad_right"]
+                    - fm["dilation_width"] * (kw - 1) - 1) // fm["stride_width"] + 1)
+    all_rows, all_cols = out_h * out_w, c1 * c0 * kh * kw
+    valid_row = rng.randint(1, min(all_rows, 12))
+    valid_col = rng.randint(1, min(all_cols, 16))
+    pos_m = rng.randint(0, all_rows - valid_row + (rng.random() < 0.1))
+    pos_k = rng.randint(0, all_cols - valid_col)
+    col = 1 << (valid_col - 1).bit_length()
+    size = max(128, 1 << (valid_row * col * bits // 8 - 1).bit_length())
+    mask = rng.choice(["1111", "1000", "1100", "1110", "0001"])
+    program = img2col_bundle(dtype, valid_col, valid_row, col, destination=("T", f"{size}B"),
+                             source="M#1", mask=mask, ior="a0, a1")
+    return parse_scenario({"name": f"random-img2col-{number}", "tiles": {"all": {"M": [source]}},
+                           "gprs": {"a0": pos_m, "a1": pos_k}, "program": program})
+
+
+def _directed():
+    return [
+        load_scenario(EXAMPLES / "img2col-padding.json"),
+        # The published output is a valid Matrix row-major tile but has no feature map.
+        _scenario("chain", _i2c() + _i2c(source="M#2")),
+        # A malformed bundle in the middle faults alone; the next bundle still runs.
+        _scenario("malformed-middle", _i2c() + "B.DIM zero, 8, ->LB0\nBSTOP\n"
+                  + _i2c(mask="1100")),
+        _scenario("noop-then-one-pe", _i2c(mask="0000") + _i2c(mask="0010")),
+        _scenario("core-capacity", _i2c(), tile_capacity=4 * 128),
+        _scenario("window-range", _i2c(ior="a0, zero"), gprs={"a0": 1}),
+        # A completion-time fault of a bundle that a start ended: that start opens nothing
+        # (the decoder's squash, model D29), so the second bundle vanishes; the third runs.
+        _scenario("squash", _i2c(ior="a0, zero").replace("BSTOP\n", "") + _i2c()
+                  + _i2c(mask="1000"), gprs={"a0": 1}),
+        _scenario("sticky-status-kept", _i2c(destination=("N", "256B")), status=["NV", "NX"]),
+        # The source reads an undefined element (PE2 only).
+        _scenario("undefined-on-one-pe", _i2c(), tiles={
+            "PE0": {"M": [_example_source()]}, "PE1": {"M": [_example_source()]},
+            "PE3": {"M": [_example_source()]},
+            "PE2": {"M": [dict(_example_source(), data=[[1, 99, 2, 99, None, 99, 11, 99],
+                                                        [12, 99, 13, 99, 21, 99, 22, 99],
+                                                        [23, 99, 0, 0, 0, 0, 0, 0]])]}}),
+    ]
+
+
+MATRIX_EXAMPLES = ["int8-matmul", "tgemv-bias", "fp16-matmul-acc", "tgemv-acc-chain",
+                   "quantize-rowmax", "mx-matmul"]
+RANDOM_IMG2COL = 10
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """(scenario, hardware result) for the directed and random TIMG2COL scenarios and the
+    Matrix examples, all on one simulated unit."""
+    rng = random.Random(8)
+    scenarios = (_directed() + [_random_img2col(rng, k) for k in range(RANDOM_IMG2COL)]
+                 + [load_scenario(EXAMPLES / f"{name}.json") for name in MATRIX_EXAMPLES])
+    return list(zip(scenarios, run_scenarios_hw(scenarios, CONFIG, cube=True)))
+
+
+def _check(scenario, result):
+    assert not isinstance(result, Exception), result
+    expected = run_scenario(scenario)
+    assert architectural(result) == architectural(expected), scenario.name
+    assert all(b["cycles"] > 0 for b in result["bundles"])
+
+
+def test_example_img2col_matches_model(runs):
+    scenario, result = runs[0]
+    _check(scenario, result)
+    assert result["bundles"][0]["outcome"] == "success"
+    assert len(result["bundles"][0]["published"]) == 4
+
+
+@pytest.mark.parametrize("k", range(1, len(_directed())))
+def test_directed_img2col_matches_model(runs, k):
+    _check(*runs[k])
+
+
+def test_malformed_bundle_faults_alone(runs):
+    scenario, result = runs[2]
+    outcomes = [b["outcome"] for b in result["bundles"]]
+    assert outcomes == ["success", "fault", "success"]
+    assert result["bundles"][1]["fault"] == "Fault_BundleControl"
+    assert {t["pe"] for t in result["bundles"][2]["published"]} == {0, 1}
+
+
+def test_random_img2col_matches_model(runs):
+    outcomes = set()
+    start = len(_directed())
+    for scenario, result in runs[start:start + RANDOM_IMG2COL]:
+        _check(scenario, result)
+        outcomes |= {b.get("fault", b["outcome"]) for b in result["bundles"]}
+    # The random cases reach success and faults (not only one of them).
+    assert "success" in outcomes and "Fault_TileLegality" in outcomes
+
+
+#: A 1x1-filter view of 8 x 8 elements: a published 4 x 8 U8 tile defines the first 32.
+FM_8X8 = FeatureMapDescriptor(height=8, width=8, logical_channels=1)
+#: Rows 0..31 of its im2col matrix (all defined), then rows 0..32 (element 32 is not).
+REUSE_PROGRAM = (img2col_bundle("U8", 1, 32, 1, source="M#2", destination=("T", "128B"),
+                                mask="1000")
+                 + img2col_bundle("U8", 1, 33, 1, source="M#2", destination=("T", "128B"),
+                                  mask="1000"))
+
+
+def test_fragmentation_faults_with_tile_allocation():
+    """Decision T4: a destination that fits the PE's free bytes but no free run of CELLs
+    faults with Fault_TileAllocation and leaves the state as it was; a smaller one fits.
+    Then a scenario whose tile is larger than the build's memory is reported as not fitting."""
+    config = CubeConfig(tile_bytes_per_pe=4096, shared_bytes=1024)      # 32 CELLs per PE
+    state = _scenario("frag", "BSTOP").state
+    su = SimUnit(config, cube=False)
+    out = {}
+    fill = [("T", 8 * 128), ("U", 128), ("T", 8 * 128), ("U", 128), ("N", 14 * 128 - 128)]
+
+    async def main(ctx):
+        await su.setup(ctx)
+        await su.drive(ctx, load_state(state, config))                # M#1: CELL 0
+        bases = []
+        for k, (hand, size) in enumerate(fill):
+            index = "TUMN".index(hand) * 16 + k
+            tile = Tile.from_raw(DataType.S8, Layout.ROW_MAJOR, [[1]], size)
+            for part, word in enumerate(split_parts(encode_tile(tile), 2)):
+                await su.transact(ctx, HostCommand(HostOp.DESC_PART, addr=part, data=word))
+            bases.append((await su.transact(ctx, HostCommand(HostOp.CONFIGURE, 0, index))).data)
+        out["bases"] = bases
+        for k in (0, 2):                                                 # two 8-CELL holes
+            index = "TUMN".index(fill[k][0]) * 16 + k
+            assert (await su.transact(ctx, HostCommand(HostOp.FREE, 0, index))).ok
+        start = len(su.statuses)
+        program = (_i2c(mask="1000", destination=("M", "2KiB"))
+                   + _i2c(mask="1000", destination=("M", "1KiB")))
+        await su.send_beats(ctx, program_beats(program))
+        await su.drain(ctx)
+        out["statuses"] = su.statuses[start:]
+        out["tile"] = await su.drive(ctx, read_tile(0, 33))
+        out["flags"] = (await su.transact(ctx, HostCommand(HostOp.READ_FLAGS, 0, 33))).data
+        # The published output becomes a TIMG2COL source (its flags are implicit, T5).
+        for part, word in enumerate(split_parts(FEATURE_MAP_DESCRIPTOR.encode(FM_8X8), 6)):
+            assert (await su.transact(ctx, HostCommand(HostOp.WRITE_FM, 0, 33, part, word))).ok
+        start = len(su.statuses)
+        await su.send_beats(ctx, program_beats(REUSE_PROGRAM))
+        await su.drain(ctx)
+        out["reuse"] = su.statuses[start:]
+        out["reuse_tile"] = await su.drive(ctx, read_tile(0, 0))
+        await su.drive(ctx, clear_state(state))
+        big = dict(_example_source(), tsize=8192)
+        too_big = _scenario("too-big", _i2c(), tiles={"all": {"M": [big]}})
+        out["too_big"] = await run_one(ctx, su, too_big, skip_zero=False)
+
+    su.run(main)
+    assert out["bases"] == [1, 9, 10, 18, 19]
+    first, second = out["statuses"]
+    assert first.outcome is StatusOutcome.FAULT
+    assert first.fault is FaultClass.TILE_ALLOCATION
+    assert second.outcome is StatusOutcome.SUCCESS and second.outputs == (33,)
+    assert out["tile"]["tsize"] == 1024 and out["tile"]["shape"] == [4, 8]
+    assert out["flags"] == 2**32 - 1                    # 4 x 8 valid elements, 8 columns
+    # The model, given the published tile with the same feature map, agrees.
+    raw = [[int(v, 16) for v in row] for row in out["tile"]["data"]]
+    source = Tile.from_raw(DataType.U8, Layout.ROW_MAJOR, raw, 1024, phys_cols=8,
+                           location=Location.MATRIX, feature_map=FM_8X8)
+    model_state = State()
+    model_state.set_tile(0, 33, source)
+    expected = Machine(model_state).run(REUSE_PROGRAM)
+    assert [r.outcome for r in expected] == [s.outcome.name.lower() for s in out["reuse"]]
+    assert [r.fault for r in expected] == [s.fault for s in out["reuse"]]
+    assert expected[0].published[0].tile.raw().tolist() == [
+        [int(v, 16) for v in row] for row in out["reuse_tile"]["data"]]
+    assert isinstance(out["too_big"], HardwareUnavailable)
+    assert "does not fit the tile memory of this build (4096 B per PE" in str(out["too_big"])
+
+
+@pytest.mark.parametrize("k", range(len(MATRIX_EXAMPLES)))
+def test_matrix_examples_match_model(runs, k):
+    scenario, result = runs[-len(MATRIX_EXAMPLES) + k]
+    assert scenario.name == MATRIX_EXAMPLES[k]
+    _check(scenario, result)
+    assert any(b["outcome"] == "success" for b in result["bundles"])
+
+
+def test_squash_drops_the_bundle_a_faulting_start_opened(runs):
+    scenario, result = next(r for r in runs if r[0].name == "squash")
+    assert [b["outcome"] for b in result["bundles"]] == ["fault", "success"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_verilog_of_each_preset(name):
+    text = verilog.convert(CubeUnit(PRESETS[name], cube=True), name="cube_unit")
+    assert "module cube_unit" in text
+
+
+@pytest.mark.slow
+def test_cli_engine_sim_with_waveform(tmp_path, capsys):
+    from ptocube.sim.cli import main
+    vcd = tmp_path / "run.vcd"
+    assert main(["run", str(EXAMPLES / "img2col-padding.json"), "--engine", "sim", "--json",
+                 "--vcd", str(vcd)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["engine"] == "sim" and result["bundles"][0]["cycles"] > 0
+    assert architectural(result) == architectural(
+        run_scenario(EXAMPLES / "img2col-padding.json"))
+    gtkw = vcd.with_suffix(".gtkw").read_text()
+    assert vcd.stat().st_size > 0
+    for group in ("host port", "parcels / status", "decoder", "preflight", "engines",
+                  "tile store"):
+        assert group in gtkw
