@@ -25,7 +25,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m ptocube.sim.bench
 
+# Verilator, g++ and make are installed with apt-get when running as root; otherwise the
+# first step stops and names what to install.
 regress: $(STAMP)
+	$(PY) -m ptocube.sim.verilator
 	$(PY) -m pytest tests -m slow
 
 clean:
