@@ -21,6 +21,16 @@ BENCHMARKS = {
         ("ptocube.sim.bench_systolic", "bench_systolic"),
     "B.FPATR post-processing: elements per cycle and ECP5 resources":
         ("ptocube.hdl.postprocess", "bench_postprocess"),
+    "Bundle decoder: instructions per cycle, ECP5 resources, post-route Fmax":
+        ("ptocube.sim.bench_decoder", "bench_decoder"),
+    "CUBE engine: cycles and utilization through the tile-store port":
+        ("ptocube.sim.bench_cube", "bench_cube"),
+    "Simulation speed: pysim vs Verilator (bundle decoder, same stream)":
+        ("ptocube.sim.bench_verilator", "bench_verilator"),
+    "Simulation speed: pysim vs Verilator (CUBE unit, example scenarios, ecp5-full)":
+        ("ptocube.sim.bench_verilator", "bench_unit_verilator"),
+    "FPGA: resources and post-route Fmax per board":
+        ("ptocube.build.cli", "bench_fpga"),
 }
 
 

@@ -10,13 +10,17 @@ The program:
 2. a TGEMV.ACC chain in FP16: three bundles, each D the next bundle's C;
 3. an MX operation: TMATMULMX with E4M3 x E2M1X2 inputs and E8M0 scales.
 
-Every input is chosen so that a plain numpy computation is exact; the demo
-prints one row per bundle and a final verdict comparing each published
-result with that computation.  (When the hardware exists, the same program
-runs on it instead.)
+Every input is chosen so that a plain numpy computation is exact.  The program
+runs on the golden model, where each published result is checked against that
+computation; every bundle is then replayed on the simulated hardware
+(:class:`~ptocube.hdl.top.CubeUnit`, loaded through its host port with the
+state the model had before the bundle) and its results are compared word for
+word with the model's.  The demo prints one row per bundle (cycles and array
+utilization from the simulation) and a final verdict.
 """
 
 import sys
+import time
 
 import numpy as np
 
@@ -25,6 +29,7 @@ from ptocube.model.img2col import FeatureMapDescriptor
 from ptocube.model.layout import Layout
 from ptocube.model.machine import Machine, Outcome
 from ptocube.model.numeric import decode, encode_exact
+from ptocube.model.scenario import Scenario
 from ptocube.model.state import Location, Tile
 
 __all__ = ["build_and_run", "add_arguments", "run"]
@@ -33,6 +38,20 @@ _FPATR_NONE = "B.FPATR None, None, 0, 0, 0, 0, 0, 0, 0"
 # REQ8 word: FP19 scale 1/16 (FP32 0x3D800000) in bits[31:13], S9 offset -2 in bits[45:37].
 _REQ8_SCALE, _REQ8_OFFSET = 1 / 16, -2
 _REQ8_WORD = 0x3D800000 | (_REQ8_OFFSET & 0x1FF) << 37
+
+
+class _RecordingMachine(Machine):
+    """A :class:`Machine` that keeps every program it runs with the state it started from,
+    as a :class:`Scenario`, so the same steps can be replayed on the hardware."""
+
+    def __init__(self):
+        super().__init__()
+        self.scenarios = []
+
+    def run(self, program):
+        self.scenarios.append(Scenario(name=f"demo step {len(self.scenarios)}", description="",
+                                       state=self.state.snapshot(), program=program))
+        return super().run(program)
 
 
 def _tile(dtype, layout, values, tsize, **kw) -> Tile:
@@ -145,30 +164,92 @@ def _mx(machine: Machine, rng) -> list:
     return [("BSTART.TMATMULMX", "4x4x64", "E4M3 x E2M1X2 (E8M0 scales) -> FP32", result, ok)]
 
 
-def build_and_run(seed: int = 2026) -> list:
-    """Run the demo program; returns rows ``(operation, shape, types, BundleResult, ok)``."""
+def build_and_run(seed: int = 2026) -> tuple[list, list]:
+    """Run the demo program on the golden model.
+
+    Returns rows ``(operation, shape, types, BundleResult, ok)`` and the scenarios (one per
+    bundle, in the same order: the program and the state before it) to replay elsewhere.
+    """
     rng = np.random.default_rng(seed)
-    machine = Machine()
-    return _convolution(machine, rng) + _gemv_chain(machine, rng) + _mx(machine, rng)
+    machine = _RecordingMachine()
+    rows = _convolution(machine, rng) + _gemv_chain(machine, rng) + _mx(machine, rng)
+    return rows, machine.scenarios
+
+
+def _macs(operation: str, shape: str, pes: int = 4) -> int:
+    """Useful multiply-accumulates of a bundle of ``shape`` "MxNxK" on ``pes`` PEs."""
+    if shape.count("x") != 2:                     # TIMG2COL: a window, no MACs
+        return 0
+    m, n, k = (int(v) for v in shape.split("x"))
+    return pes * m * n * k
+
+
+def run_on_hardware(scenarios, preset_name: str, progress=None) -> list:
+    """Replay ``scenarios`` on the simulated unit; one result per scenario, compared with the
+    model: ``(hardware result dict, matches the model word for word)``."""
+    from ptocube.sim.hw_run import architectural, run_scenarios_hw
+    from ptocube.sim.run import run_scenario
+    results = run_scenarios_hw(scenarios, preset_name, progress=progress)
+    checked = []
+    for scenario, hw in zip(scenarios, results):
+        if isinstance(hw, Exception):
+            raise hw
+        model = run_scenario(scenario, "model")
+        checked.append((hw, architectural(hw) == architectural(model)))
+    return checked
 
 
 def add_arguments(parser) -> None:
     """``ptocube demo`` options."""
     parser.add_argument("--seed", type=int, default=2026, help="seed of the demo's data")
+    parser.add_argument("--preset", default="sim-small",
+                        help="hardware build the bundles are replayed on (default: sim-small)")
+    parser.add_argument("--model-only", action="store_true",
+                        help="run the golden model only (no hardware simulation)")
 
 
 def run(args) -> int:
     """Print one row per bundle and the verdict; exit status 0 on PASS, 1 on FAIL."""
-    rows = build_and_run(args.seed)
-    print("ptocube demo: golden model, ieee arithmetic")
-    print(f"{'#':>2}  {'operation':<22} {'shape':<9} {'types':<38} {'outcome':<10} check")
-    for number, (operation, shape, types, result, ok) in enumerate(rows):
+    from ptocube.hdl.config import preset
+    rows, scenarios = build_and_run(args.seed)
+    config = preset(args.preset)
+    hardware = [(None, True)] * len(rows)
+    if not args.model_only:
+        started = time.perf_counter()
+
+        def progress(done, total):
+            print(f"\r  simulating {args.preset} ({config.rows}x{config.cols} array): bundle "
+                  f"{done}/{total}, {time.perf_counter() - started:.0f} s", end="",
+                  file=sys.stderr, flush=True)
+
+        progress(0, len(scenarios))
+        hardware = run_on_hardware(scenarios, args.preset, progress)
+        print(file=sys.stderr)
+    engines = "golden model" + ("" if args.model_only else f" and simulated hardware "
+                                f"({args.preset}, {config.rows}x{config.cols} array)")
+    print(f"ptocube demo: {engines}, ieee arithmetic")
+    print(f"{'#':>2}  {'operation':<20} {'shape':<8} {'types':<38} {'outcome':<8} "
+          f"{'cycles':>6} {'util':>6}  check")
+    passes = 0
+    for number, ((operation, shape, types, result, ok), (hw, same)) in enumerate(
+            zip(rows, hardware)):
         outcome = result.outcome if result.outcome != Outcome.FAULT else result.fault.spec_name
-        print(f"{number:>2}  {operation:<22} {shape:<9} {types:<38} {outcome:<10} "
-              f"{'ok' if ok else 'MISMATCH'}")
-    passed = all(ok for *_, ok in rows)
-    print(f"verdict: {'PASS' if passed else 'FAIL'} ({sum(ok for *_, ok in rows)} of {len(rows)} "
-          f"bundles match an exact numpy computation)")
+        cycles = util = "-"
+        if hw is not None:
+            cycles = hw["bundles"][0]["cycles"]
+            macs = _macs(operation, shape)
+            util = f"{macs / (config.rows * config.cols * cycles):.1%}" if macs else "-"
+        checks = ["exact" if ok else "MODEL MISMATCH"]
+        if hw is not None:
+            checks.append("hw = model" if same else "HW MISMATCH")
+        passes += ok and same
+        print(f"{number:>2}  {operation:<20} {shape:<8} {types:<38} {outcome:<8} "
+              f"{cycles:>6} {util:>6}  {', '.join(checks)}")
+    passed = passes == len(rows)
+    against = "an exact numpy computation" + ("" if args.model_only else
+                                              ", and the hardware matches the model bit for bit")
+    print(f"verdict: {'PASS' if passed else 'FAIL'} ({passes} of {len(rows)} bundles match "
+          f"{against})")
     return 0 if passed else 1
 
 
