@@ -271,8 +271,10 @@ class TileStore(wiring.Component):
         scan_run = Signal(13)
         scan_start = Signal(cw + 1)
         chunks = Array(pad[s] // SCAN_CELLS_PER_CYCLE for s in spaces)
-        chunk = Array(bitmap[s].word_select(scan_pos, SCAN_CELLS_PER_CYCLE)
-                      for s in spaces)[scan_space]
+        # One signal: each use of the Array proxy would repeat the whole selection.
+        chunk = Signal(SCAN_CELLS_PER_CYCLE)
+        m.d.comb += chunk.eq(Array(bitmap[s].word_select(scan_pos, SCAN_CELLS_PER_CYCLE)
+                                   for s in spaces)[scan_space])
         # Each CELL's step goes through signals: as plain expressions the chain would be
         # re-expanded at every use (exponential netlist).
         run, start, found, found_base = scan_run, scan_start, Const(0), Const(0, cw + 1)

@@ -70,7 +70,7 @@ class CubeUnit(wiring.Component):
         One item per bundle, in program order.
     busy : Out(1)
         A record is on its way out of the decoder, in the preflight or executing, or the
-        store serves a host command.  The decoder finishes a record within 8 cycles of its
+        store serves a host command.  The decoder finishes a record within 9 cycles of its
         boundary parcel while its output is free, so ``busy`` low for 16 cycles after the
         last beat was taken means every bundle of the program has its status.
     """
