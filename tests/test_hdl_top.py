@@ -263,7 +263,6 @@ def test_squash_drops_the_bundle_a_faulting_start_opened(runs):
     assert [b["outcome"] for b in result["bundles"]] == ["fault", "success"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_verilog_of_each_preset(name):
     text = verilog.convert(CubeUnit(PRESETS[name], cube=True), name="cube_unit")
