@@ -14,7 +14,7 @@ from amaranth.lib import data
 from .config import CubeConfig
 from .tile_port import MemSpace, cell_addr_width
 
-__all__ = ["OperandInfo", "RunLayout", "block_walker"]
+__all__ = ["OperandInfo", "RunLayout", "block_walker", "select_block"]
 
 
 def OperandInfo(config: CubeConfig) -> data.StructLayout:
@@ -84,3 +84,12 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
     done = Signal(name=f"{name}_done")
     m.d.comb += done.eq(row0 >= m_dim)
     return slot_blocks, done
+
+
+def select_block(m: Module, blocks: list, slot) -> tuple[Signal, Signal, Signal]:
+    """``(row0, col0, used)`` of the block that :func:`block_walker` gives slot ``slot``."""
+    row0, col0, used = Signal(16), Signal(16), Signal()
+    for index, (r, c, u) in enumerate(blocks):
+        with m.If(slot == index):
+            m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u)]
+    return row0, col0, used

@@ -20,7 +20,7 @@ from amaranth.lib.wiring import In, Out
 
 from .cell_address import cube_m_bits, extract, word_and_offset
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker
+from .cube_run import RunLayout, block_walker, select_block
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
 
@@ -66,12 +66,7 @@ class FillSource(wiring.Component):
         restart = Signal()
         blocks, walk_done = block_walker(m, "fill", rows, cols, slots, run.m, run.n,
                                          restart, step_group)
-        row0 = Signal(16)
-        col0 = Signal(16)
-        used = Signal()
-        for index, (r, c, u) in enumerate(blocks):
-            with m.If(s == index):
-                m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u)]
+        row0, col0, used = select_block(m, blocks, s)
 
         real = Signal()
         gi = row0 + i

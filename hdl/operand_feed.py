@@ -23,7 +23,7 @@ from ..model.datatype import DataType
 from .cell_address import (cube_m_bits, cube_n8_bits, extract, n8_column_cells,
                            row_major_bits, word_and_offset)
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker
+from .cube_run import RunLayout, block_walker, select_block
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
 
@@ -80,12 +80,7 @@ class OperandFeed(wiring.Component):
         restart = Signal()
         blocks, walk_done = block_walker(m, "feed", rows, cols, slots, run.m, run.n,
                                          restart, step_group)
-        row0 = Signal(16)
-        col0 = Signal(16)
-        used = Signal()
-        for index, (r, c, u) in enumerate(blocks):
-            with m.If(s == index):
-                m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u)]
+        row0, col0, used = select_block(m, blocks, s)
 
         in_real = Signal()
         bias_term = Signal()

@@ -29,7 +29,7 @@ from ..model.datatype import DataType
 from .cell_address import (byte_mask, cube_m_bits, extract, row_major_bits,
                            word_and_offset)
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker
+from .cube_run import RunLayout, block_walker, select_block
 from .encoders import SrcKind
 from .postprocess import PostProcess
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
@@ -119,12 +119,7 @@ class ResultPath(wiring.Component):
                                          restart, step_group)
         d_row = self.drain.payload.row
         d_slot = self.drain.payload.slot
-        row0 = Signal(16)
-        col0 = Signal(16)
-        used = Signal()
-        for index, (r, c, u) in enumerate(blocks):
-            with m.If(d_slot == index):
-                m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u)]
+        row0, col0, used = select_block(m, blocks, d_slot)
 
         buf_valid = Signal()
         buf = Signal(data.ArrayLayout(32, cols))

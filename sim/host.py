@@ -38,7 +38,7 @@ from ..model.layout import CELL_BYTES, SHARED_MAX_CAPACITY_BYTES, Layout, elemen
 from ..model.state import GPR_COUNT, HANDS, PE_COUNT, State, selector_name
 
 __all__ = ["HostPortError", "DoesNotFit", "load_state", "clear_state", "read_tile",
-           "read_status", "run_sync", "tile_words"]
+           "read_status", "run_sync", "run_async", "tile_words"]
 
 WORDS_PER_CELL = CELL_BYTES // 8
 
@@ -198,4 +198,16 @@ def run_sync(gen, transact):
         except StopIteration as stop:
             return stop.value
         rsp = transact(cmd)
+
+
+async def run_async(gen, transact):
+    """Run a driver generator with an awaitable ``transact(cmd) -> HostResponse`` (a
+    simulation testbench's port access); returns the generator's result."""
+    rsp = None
+    while True:
+        try:
+            cmd = gen.send(rsp)
+        except StopIteration as stop:
+            return stop.value
+        rsp = await transact(cmd)
 

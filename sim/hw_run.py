@@ -26,7 +26,7 @@ from ..model.asm import assemble
 from ..model.bundle import Operation
 from ..model.scenario import Scenario, load_scenario
 from ..model.state import StatusFlag, pes_of_mask
-from .host import DoesNotFit, clear_state, load_state, read_status, read_tile
+from .host import DoesNotFit, clear_state, load_state, read_status, read_tile, run_async
 
 __all__ = ["HardwareUnavailable", "run_scenario_hw", "run_scenarios_hw", "run_one",
            "program_beats", "SimUnit", "architectural"]
@@ -98,13 +98,7 @@ class SimUnit:
 
     async def drive(self, ctx, gen):
         """Run a :mod:`ptocube.sim.host` driver generator; returns its result."""
-        rsp = None
-        while True:
-            try:
-                cmd = gen.send(rsp)
-            except StopIteration as stop:
-                return stop.value
-            rsp = await self.transact(ctx, cmd)
+        return await run_async(gen, lambda cmd: self.transact(ctx, cmd))
 
     async def send_beats(self, ctx, beats):
         """Stream parcel beats (no stalls)."""

@@ -20,7 +20,7 @@ from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout
 from ptocube.model.scenario import parse_scenario
 from ptocube.model.state import Tile
-from ptocube.sim.host import _flag_words, load_state, tile_words
+from ptocube.sim.host import _flag_words, load_state, run_async, tile_words
 
 CONFIG = CubeConfig(tile_bytes_per_pe=8192, shared_bytes=4096)
 
@@ -75,23 +75,13 @@ def _run(bench):
     sim.run()
 
 
-async def _drive(ctx, transact, gen):
-    rsp = None
-    while True:
-        try:
-            cmd = gen.send(rsp)
-        except StopIteration as stop:
-            return stop.value
-        rsp = await transact(ctx, cmd)
-
-
 @pytest.fixture(scope="module")
 def loaded():
     """Everything read back from a store loaded with STATE (host and preflight ports)."""
     out = {}
 
     async def bench(ctx, store, transact):
-        await _drive(ctx, transact, load_state(STATE, CONFIG))
+        await run_async(load_state(STATE, CONFIG), lambda cmd: transact(ctx, cmd))
         rd = {}
         for pe in range(4):
             for index in range(64):
