@@ -32,7 +32,8 @@ from .host_player import PORTS, HostCommandPlayer, Step
 from .uart_tx import UartTx
 
 __all__ = ["SelfTest", "message_text", "port_shapes", "golden_program", "STATUS_MASK",
-           "SELFTEST_BUNDLES", "SELFTEST_TILES", "unit_selftest"]
+           "SELFTEST_BUNDLES", "SELFTEST_TILES", "MATRIX_PE", "matrix_scenario",
+           "selftest_scenario", "split_bundles", "unit_selftest"]
 
 #: The status bits a self-test compares: all but the cycle count, which is not architectural.
 STATUS_MASK = ((1 << StatusLayout.size) - 1) & ~(
@@ -56,8 +57,8 @@ SELFTEST_BUNDLES = (
     "BSTART.SFU TIMG2COL, U8\nB.DIM zero, 8, ->LB0",
 )
 
-#: Architectural state the default self-test loads (a U8 NC1HWC0 feature map on every PE) and
-#: the bundle that uses it: TIMG2COL with padding, stride 2 and logical-channel padding, whose
+#: Architectural state the self-test loads for its TIMG2COL bundle (a U8 NC1HWC0 feature map on
+#: every PE) and the bundle: TIMG2COL with padding, stride 2 and logical-channel padding, whose
 #: 4 x 8 window (four whole payload words) is read back from every PE.
 SELFTEST_TILES = {
     "tiles": {"all": {"M": [{
@@ -71,6 +72,149 @@ SELFTEST_TILES = {
     "program": ["BSTART.SFU TIMG2COL, U8", "B.DIM zero, 8, ->LB0", "B.DIM zero, 4, ->LB1",
                 "B.IOT M#1, mask=1111, last, ->M<128B>", "BSTOP"],
 }
+
+#: The PE that holds the Matrix bundles' operands (mask 0001). One PE keeps the ROM small; PE3
+#: rather than PE0 shows that the engine reads and writes the PE the plan names.
+MATRIX_PE = 3
+_MATRIX_MASK = "mask=" + "".join("1" if pe == MATRIX_PE else "0" for pe in range(PE_COUNT))
+#: The quantization word of the S8 requantization (B.IOR): FP19 scale 0.5, 9-bit offset -3.
+_REQ8_WORD = 0x3F00_0000 | ((-3 & 0x1FF) << 37)
+_REQ8_GPR = "s0"
+
+# Operands of the Matrix bundles: M x K = 3 x 8 (two A), K x N = 8 x 4 (one B).
+_S8_A = ([[1, -2, 3, -4, 5, -6, 7, -8], [9, 10, -11, 12, -13, 14, -15, 16],
+          [-1, -1, -1, -1, 2, 2, 2, 2]],
+         [[3, 1, 4, 1, 5, 9, 2, 6], [-5, 3, 5, -8, 9, 7, -9, 3], [2, 3, 8, 4, 6, -2, 6, 4]])
+_S8_B = [[1, 2, 3, 4], [-1, 0, 1, 2], [5, -5, 5, -5], [0, 1, 0, -1], [7, 7, -7, -7],
+         [1, 1, 1, 1], [2, -3, 4, -5], [-6, 5, -4, 3]]
+_FP16_A = ([[1.5, -2.0, 0.125, 3.0, -0.75, 8.0, "0x3555", -1.0],
+            [65504, 1.0, -1.0, 0.0009765625, 2.5, -3.5, 0.5, "-0"],
+            [-4.0, 0.25, 6.0, -0.5, 1.0, 1.0, -2.0, 0.375]],
+           [[0.5, 0.5, -1.5, 2.0, "0x3c01", 4.0, -0.25, 1.0],
+            [3.0, -2.0, 1.0, 0.0, 0.125, -8.0, 2.0, "0x3555"],
+            [1.0, 2.0, 3.0, 4.0, -5.0, 6.0, -7.0, 0.0625]])
+_FP16_B = [[1.0, 2.0, -0.5, 0.0], [0.25, -4.0, 8.0, 1.0], [16.0, 0.0, 1.0, -1.0],
+           [-1.0, 1.0, "0x3555", 2.0], [0.5, 0.5, 0.5, -0.5], [2.0, -1.0, 0.0, 3.0],
+           [-0.125, 1.5, 1.0, 1.0], [1.0, 0.0, -2.0, 0.75]]
+# The MX bundle's B is _S8_B: small integers, exact in E4M3.
+_E4M3_A = [[1.5, -2.0, 0.125, 3.0, -0.75, 8.0, 448.0, -1.0],
+           [0.5, 1.0, -1.0, 0.015625, 2.5, -3.5, 0.5, 0.0],
+           [-4.0, 0.25, 6.0, -0.5, 1.0, 1.0, -2.0, 0.375]]
+
+
+class _MatrixOperands:
+    """The Matrix bundles' registers on :data:`MATRIX_PE`, by hand in allocation order.
+
+    ``first`` counts each hand's registers that other tiles of the scenario already hold.
+    :meth:`dest` reserves a free register (a ``null`` entry) that the next destination of
+    that hand takes, because a destination gets the lowest register of its hand free on every
+    PE; a later source then lies above it.
+    """
+
+    def __init__(self, first: dict):
+        self.hands = {hand: [None] * first.get(hand, 0) for hand in "TUMN"}
+
+    def add(self, hand: str, tile: dict) -> str:
+        """Add a source tile; its register name."""
+        self.hands[hand].append(tile)
+        return f"{hand}#{len(self.hands[hand])}"
+
+    def dest(self, hand: str) -> str:
+        """Reserve the register the next destination of ``hand`` takes; its name."""
+        self.hands[hand].append(None)
+        return f"{hand}#{len(self.hands[hand])}"
+
+    def tiles(self) -> dict:
+        """The scenario's hands (trailing free registers dropped)."""
+        out = {}
+        for hand, entries in self.hands.items():
+            while entries and entries[-1] is None:
+                entries = entries[:-1]
+            if entries:
+                out[hand] = entries
+        return out
+
+
+def _cube(dtype, data, layout="CUBE_M16"):
+    return {"dtype": dtype, "layout": layout, "data": data}
+
+
+def _row(dtype, data):
+    return {"dtype": dtype, "layout": "ROW_MAJOR", "data": data}
+
+
+def _dims(m, n, k):
+    return [f"B.DIM zero, {m}, ->LB0", f"B.DIM zero, {n}, ->LB1", f"B.DIM zero, {k}, ->LB2"]
+
+
+def _bias_acc_chain(regs, dtype, a_pair, b, bias, acc_datr, acc_fpatr, acc_ior=()) -> list:
+    """TMATMUL.BIAS with ReLU and RowMax (D1, RowMaxOut), then TMATMUL.ACC reading D1 as C
+    with the post-processing ``acc_datr``/``acc_fpatr``/``acc_ior`` lines (D2). The ACC's C
+    is the first bundle's output, so the chain also checks that a published register is a
+    legal source."""
+    a1, a2 = (regs.add("M", _cube(dtype, a)) for a in a_pair)
+    b_reg = regs.add("N", _cube(dtype, b, "CUBE_N8"))
+    bias_reg = regs.add("T", bias)
+    d1, _ = regs.dest("U"), regs.dest("U")
+    d2 = regs.dest("T")
+    return [f"BSTART.TMATMUL.BIAS {dtype}", "B.FPATR None, ReLU, 0, 1, 0, 0, 0, 0, 0",
+            *_dims(3, 4, 8), f"B.IOT {a1}, {b_reg}, {_MATRIX_MASK}",
+            f"B.IOT {bias_reg}, {_MATRIX_MASK}, ->U<256B>",
+            f"B.IOT {_MATRIX_MASK}, last, ->U<128B>", "BSTOP",
+            f"BSTART.TMATMUL.ACC {dtype}", *acc_datr, acc_fpatr, *_dims(3, 4, 8),
+            f"B.IOT {d1}, {a2}, {_MATRIX_MASK}",
+            f"B.IOT {b_reg}, {_MATRIX_MASK}, last, ->{d2[0]}<128B>", *acc_ior, "BSTOP"]
+
+
+def matrix_scenario(config, first: dict | None = None) -> dict:
+    """The Matrix bundles the self-test of ``config`` runs, as a scenario fragment
+    (``gprs``, ``tiles`` of :data:`MATRIX_PE`, ``program``); ``first``: registers of each hand
+    already held by other tiles (e.g. ``{"M": 1}``).
+
+    One chain per type class the build has, so every bundle is one the preset accepts:
+
+    * ``int_types``: S8 TMATMUL.BIAS (S32 bias, ReLU, RowMax), then S8 TMATMUL.ACC from its D
+      with REQ8 requantization to S8 (scale and offset from a GPR through B.IOR, Sat 1);
+    * ``float_types``: the same in FP16 (FP32 bias and accumulator), the ACC converting to FP16
+      (F322F16);
+    * ``mx_types``: one TMATMULMX (E4M3 with E8M0 scales of A rows and B columns).
+
+    All are 3 x 4 outputs with K = 8 on one PE: more than one block of every preset's array
+    but a small ROM (``docs/fpga.md``, SelfTest).
+    """
+    regs = _MatrixOperands(first or {})
+    program, gprs = [], {}
+    if config.int_types:
+        gprs[_REQ8_GPR] = hex(_REQ8_WORD)
+        program += _bias_acc_chain(
+            regs, "S8", _S8_A, _S8_B, _row("S32", [[10, -20, 300, -4000]]),
+            ["B.DATR {NORM, S8, Zero, EQ, Default, 1, 0}"],
+            "B.FPATR 3, None, 0, 0, 0, 0, 0, 0, 0", [f"B.IOR {_REQ8_GPR}"])
+    if config.float_types:
+        program += _bias_acc_chain(
+            regs, "FP16", _FP16_A, _FP16_B, _row("FP32", [[0.5, -100.0, 3.25, 0.0]]),
+            [], "B.FPATR 1, None, 0, 0, 0, 0, 0, 0, 0")
+    if config.mx_types:
+        a = regs.add("M", _cube("E4M3", _E4M3_A))
+        sa = regs.add("T", _row("E8M0", [["0x7f"], ["0x80"], ["0x7d"]]))
+        b = regs.add("N", _cube("E4M3", _S8_B, "CUBE_N8"))
+        sb = regs.add("T", _row("E8M0", [["0x7f", "0x81", "0x7e", "0x80"]]))
+        regs.dest("U")
+        program += ["BSTART.TMATMULMX E4M3", "B.FPATR None, None, 0, 0, 0, 0, 0, 0, 0",
+                    *_dims(3, 4, 8), f"B.IOT {a}, {sa}, {_MATRIX_MASK}",
+                    f"B.IOT {b}, {sb}, {_MATRIX_MASK}, last, ->U<256B>", "BSTOP"]
+    return {"gprs": gprs, "tiles": {f"PE{MATRIX_PE}": regs.tiles()}, "program": program}
+
+
+def selftest_scenario(config) -> dict:
+    """The self-test's state and program for ``config``: :data:`SELFTEST_TILES` (TIMG2COL on
+    every PE) and :func:`matrix_scenario` (the Matrix bundles on :data:`MATRIX_PE`)."""
+    held = {hand: len(entries) for hand, entries in SELFTEST_TILES["tiles"]["all"].items()}
+    matrix = matrix_scenario(config, held)
+    return {"gprs": matrix["gprs"],
+            "tiles": {**SELFTEST_TILES["tiles"], **matrix["tiles"]},
+            "program": SELFTEST_TILES["program"] + matrix["program"]}
+
 
 _PREFIX = "ptocube selftest "
 
@@ -149,32 +293,52 @@ def _model_read(state):
     return answer
 
 
-def golden_program(config, bundles=SELFTEST_BUNDLES, scenario=SELFTEST_TILES, *,
+def split_bundles(program: str) -> list[str]:
+    """The program's bundles, each from its start line to the line before the next start.
+
+    The player takes a stream's statuses only after its last parcel beat, while the unit
+    decodes ahead only as far as its status output and decoder buffers hold: a stream of
+    several bundles can stall both (decision F13), so the self-test sends one bundle per
+    stream.
+    """
+    bundles = []
+    for line in program.splitlines():
+        if not bundles or line.strip().upper().startswith("BSTART"):
+            bundles.append([])
+        bundles[-1].append(line)
+    return ["\n".join(lines) for lines in bundles]
+
+
+def golden_program(config, bundles=SELFTEST_BUNDLES, scenario=None, *,
                    seed: int = 1, per_beat: int = 2) -> list:
     """A self-test program and its expected results, all from the golden model.
 
     After a NOP and a check of the BUILD register (the unit is the preset it claims to be),
-    the ``scenario``'s state (a scenario-file object, ``docs/scenario-format.md``) with every
-    writable GPR set to a pseudo-random value (``seed``) is loaded through
-    :func:`ptocube.sim.host.load_state`. Each entry of ``bundles``, then the scenario's
-    program, is sent as its own parcel stream, and each bundle's status must equal the
-    model's (outcome, fault class, reporting instruction, flags, PEs, outputs, operation).
+    the ``scenario``'s state (a scenario-file object, ``docs/scenario-format.md``; default
+    :func:`selftest_scenario` of ``config``), with every writable GPR the scenario leaves zero
+    set to a pseudo-random value (``seed``), is loaded through
+    :func:`ptocube.sim.host.load_state`. Each entry of ``bundles``, then each bundle of the
+    scenario's program, is sent as its own parcel stream (:func:`split_bundles`), and each
+    bundle's status must equal the model's (outcome, fault class, reporting instruction,
+    flags, PEs, outputs, operation).
     Finally every GPR, the sticky status, the allocation map and every register a bundle
     published (descriptor and the payload words of its valid elements) are read back, and a
     refused GPR0 write checks the error path.
     """
     rng = random.Random(seed)
-    parsed = parse_scenario(scenario)
+    parsed = parse_scenario(selftest_scenario(config) if scenario is None else scenario)
     machine = Machine(parsed.state)
     for number in range(1, GPR_COUNT):
-        machine.state.write_gpr(number, rng.getrandbits(64))
+        value = rng.getrandbits(64)
+        if not machine.state.read_gpr(number):
+            machine.state.write_gpr(number, value)
     steps = [_command(HostOp.NOP, expect=0),
              _command(HostOp.READ_SYS, addr=SysReg.BUILD.value, expect=build_info(config))]
     # The unit answers 0 to every load command but CONFIGURE (its placement, not checked).
     steps += _driver_steps(load_state(machine.state, config),
                            lambda cmd: None if cmd.op is HostOp.CONFIGURE else 0)
     published = []
-    for program in (*bundles, parsed.program):
+    for program in (*bundles, *split_bundles(parsed.program)):
         results = machine.run(program)
         steps += _parcel_steps(program, per_beat)
         steps += [Step.status(_status_bits(r)) for r in results]

@@ -179,6 +179,8 @@ SharedReadSignature = wiring.Signature({
 
 #: Tile payload read port (latency 1): 64-bit word ``addr`` (payload bytes 8*addr..8*addr+7,
 #: little-endian) of Local register ``index`` of PE ``pe``.  Used for the U64 parameter tiles.
+#: A word read must come in the cycle right after a ``tile_rd`` or ``word_rd`` of the same
+#: register: the tile store takes the register's base from that read (decision T11).
 WordReadSignature = wiring.Signature({
     "en": Out(1), "pe": Out(2), "index": Out(6), "addr": Out(16), "data": In(64),
 })

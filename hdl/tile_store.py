@@ -25,6 +25,11 @@ Storage (``docs/hdl-top.md`` has the figures):
   (decision T4);
 * GPRs, ``tile_capacity``, the sticky status flags and the allocation counters.
 
+Every memory (payloads, flags, the three register files, the GPRs) has one synchronous read
+port, shared by the agents, so that it maps to block RAM (decision T11).  ``word_rd`` takes
+the register's base from the Local file's read register: a word read must follow a
+``tile_rd`` or ``word_rd`` of the same register in the previous cycle.
+
 Port priority (decision T3): the engines (CUBE, then TIMG2COL) before the preflight before
 the sequencer (host commands, placement, publication).  In normal operation they are never
 active together: host commands are only taken while ``host_enable`` (the unit is idle), the
@@ -59,6 +64,8 @@ FLAG_WORDS_PER_CELL = 4
 #: Width of a register's undefined-valid-element count (256 KiB of 4-bit slots).
 UNDEFINED_WIDTH = 20
 _WORDS_PER_CELL = CELL_BYTES // 8
+#: Tells yosys a read never meets a write to the same entry in one cycle (decision T11).
+_NO_COLLISION = {"no_rw_check": 1}
 #: Host commands that do not address a tile register (their ``index`` is not checked).
 _UNADDRESSED = (HostOp.NOP, HostOp.DESC_PART, HostOp.WRITE_GPR, HostOp.READ_GPR,
                 HostOp.WRITE_SYS, HostOp.READ_SYS)
@@ -82,6 +89,26 @@ def ElementPortSignature(config: CubeConfig) -> wiring.Signature:
     })
 
 
+class _BlockReadPort:
+    """A synchronous read port of ``memory`` (latency 1, ``data`` held while ``en`` is low),
+    built so that yosys maps it into block RAM with no collision logic.
+
+    An ``amaranth.lib.memory`` read port in the sync domain must return the old entry when a
+    write hits it in the same cycle; yosys emulates that around the block RAM with registers
+    of the written data and address and a bypass.  An asynchronous port followed by an
+    enabled register is the same in simulation, and yosys merges that register into the RAM
+    honouring ``no_rw_check`` (the memory's ``attrs``): no emulation (decision T11).
+    """
+
+    def __init__(self, m, memory, name):
+        port = memory.read_port(domain="comb")
+        self.addr = port.addr
+        self.en = Signal(name=f"{name}_rd_en")
+        self.data = Signal(memory.shape, name=f"{name}_rd_data", reset_less=True)
+        with m.If(self.en):
+            m.d.sync += self.data.eq(port.data)
+
+
 def _entry_layout(desc_layout, config):
     return data.StructLayout({"desc": desc_layout, "base": cell_addr_width(config),
                               "undef": UNDEFINED_WIDTH, "synth": 1})
@@ -101,11 +128,14 @@ class TileStore(wiring.Component):
     Members
     -------
     tile_rd, shared_rd, word_rd, gpr_rd : the preflight's read ports (flipped), latency 1.
+        Answers hold until the next read of the same memory; ``word_rd`` must follow a
+        ``tile_rd`` or ``word_rd`` of the same register (decision T11).
     alloc : the preflight's allocation inputs (flipped).
     gpr_index : In(5), gpr_value : Out(16)
         The decoder's combinational B.DIM GPR read.
     engine : In(TilePortSignature(config))
-        The CUBE engine's port.  ``mem_wr`` is always ready.
+        The CUBE engine's port: descriptor lookups answer after 2 cycles, payload reads
+        after 1.  ``mem_wr`` is always ready.
     i2c : In(ArrayLayout of ElementPortSignature) - one element port per PE: the PE's
         TIMG2COL source register (``plan`` SOURCE operand) and placed output.
     host_cmd, host_rsp : the host port; ``host_enable`` gates it (the unit is idle).
@@ -116,7 +146,8 @@ class TileStore(wiring.Component):
         The approved plan (PLACE, PUBLISH, ABORT) and the numeric flags to publish.
     out_base : Out, per PE per plan output, the placed base CELL (valid after PLACE).
     src_desc, src_fm : Out, per PE: the SOURCE register's descriptor and feature-map
-        descriptor, read during PLACE (for :func:`~ptocube.hdl.preflight.img2col_job`).
+        descriptor, latched during PLACE and held until the next PLACE (for
+        :func:`~ptocube.hdl.preflight.img2col_job`).
     tile_capacity : Out(32) - the system register.
     status_flags : Out(5) - the sticky numeric flags.
     idle : Out(1) - no host command or request in progress.
@@ -168,27 +199,52 @@ class TileStore(wiring.Component):
         cells = [self.cells(s) for s in spaces]
 
         # ---- storage ----------------------------------------------------------------
-        pay, pay_rd, pay_wr, flg, flg_rd, flg_wr = [], [], [], [], [], []
+        pay_rd, pay_wr, flg_rd, flg_wr = [], [], [], []
         for s in spaces:
-            p = Memory(shape=64, depth=cells[s] * _WORDS_PER_CELL, init=[])
-            f = Memory(shape=64, depth=cells[s] * FLAG_WORDS_PER_CELL, init=[])
+            p = Memory(shape=64, depth=cells[s] * _WORDS_PER_CELL, init=[], attrs=_NO_COLLISION)
+            f = Memory(shape=64, depth=cells[s] * FLAG_WORDS_PER_CELL, init=[],
+                       attrs=_NO_COLLISION)
             m.submodules[f"payload{s}"] = p
             m.submodules[f"flags{s}"] = f
-            pay.append(p), flg.append(f)
-            pay_rd.append(p.read_port()), pay_wr.append(p.write_port(granularity=8))
-            flg_rd.append(f.read_port()), flg_wr.append(f.write_port())
+            pay_rd.append(_BlockReadPort(m, p, f"payload{s}"))
+            pay_wr.append(p.write_port(granularity=8))
+            flg_rd.append(_BlockReadPort(m, f, f"flags{s}")), flg_wr.append(f.write_port())
 
-        lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[])
-        sreg = Memory(shape=self.shared_entry, depth=256, init=[])
-        fmr = Memory(shape=FEATURE_MAP_DESCRIPTOR, depth=PE_COUNT * 64, init=[])
+        lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
+        sreg = Memory(shape=self.shared_entry, depth=256, init=[], attrs=_NO_COLLISION)
+        fmr = Memory(shape=FEATURE_MAP_DESCRIPTOR, depth=PE_COUNT * 64, init=[],
+                     attrs=_NO_COLLISION)
         m.submodules.local_regs, m.submodules.shared_regs = lreg, sreg
         m.submodules.fm_regs = fmr
-        l_pf, l_word, l_int = (lreg.read_port(domain="comb") for _ in range(3))
-        s_pf, s_int = (sreg.read_port(domain="comb") for _ in range(2))
-        l_wr, s_wr = lreg.write_port(), sreg.write_port()
-        fm_rd, fm_wr = fmr.read_port(domain="comb"), fmr.write_port()
+        # One synchronous read port per table, shared by every agent (decision T11): the
+        # tables map to block RAM, and an agent reads only while the others cannot.  Outputs
+        # hold until the next read.
+        l_rd, l_wr = _BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
+        s_rd, s_wr = _BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
+        fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port()
 
-        gprs = Array(Signal(64, name=f"gpr{k}") for k in range(GPR_COUNT + 8))
+        def read_local(addr):
+            m.d.comb += [l_rd.en.eq(1), l_rd.addr.eq(addr)]
+
+        def read_shared(addr):
+            m.d.comb += [s_rd.en.eq(1), s_rd.addr.eq(addr)]
+
+        def read_fm(addr):
+            m.d.comb += [fm_rd.en.eq(1), fm_rd.addr.eq(addr)]
+
+        # GPRs: a memory for the 64-bit reads (host, preflight), and registers for the
+        # decoder's combinational GPR[15:0] (not reset, like the memory).  GPR0 is never
+        # written, so it reads as zero.
+        gpr_mem = Memory(shape=64, depth=1 << 5, init=[], attrs=_NO_COLLISION)
+        m.submodules.gprs = gpr_mem
+        g_rd, g_wr = _BlockReadPort(m, gpr_mem, "gprs"), gpr_mem.write_port()
+        gpr_low = {k: Signal(16, name=f"gpr{k}_low", reset_less=True)
+                   for k in range(1, GPR_COUNT)}
+        gpr_low_sel = Array(gpr_low.get(k, Const(0, 16)) for k in range(1 << 5))
+
+        def read_gpr(addr):
+            m.d.comb += [g_rd.en.eq(1), g_rd.addr.eq(addr)]
+
         status = Signal(5)
         capacity = Signal(32, init=CORE_TILE_CAPACITY_BYTES)
         in_use = Signal(32)
@@ -201,24 +257,21 @@ class TileStore(wiring.Component):
         m.d.comb += [self.tile_capacity.eq(capacity), self.status_flags.eq(status),
                      self.alloc.allocated.eq(held[0] | held[1] | held[2] | held[3]),
                      self.alloc.capacity_in_use.eq(in_use), self.alloc.tile_capacity.eq(capacity),
-                     self.gpr_value.eq(gprs[self.gpr_index][:16])]
+                     self.gpr_value.eq(gpr_low_sel[self.gpr_index])]
         for p in range(PE_COUNT):
             m.d.comb += self.alloc.pe_bytes_in_use[p].eq(pe_bytes[p])
 
         # ---- preflight read ports (latency 1) ---------------------------------------
+        # ``tile_rd`` / ``shared_rd`` answer from the tables' read registers (the reads are
+        # issued below, after the sequencer's, decision T3).
         td, sr, wd = self.tile_rd, self.shared_rd, self.word_rd
-        m.d.comb += [l_pf.addr.eq(Cat(td.index, td.pe)), s_pf.addr.eq(sr.sid)]
-        with m.If(td.en):
-            m.d.sync += [td.desc.eq(l_pf.data.desc),
-                         td.defined.eq(l_pf.data.desc.allocated & (l_pf.data.undef == 0))]
-        with m.If(sr.en):
-            m.d.sync += [sr.desc.eq(s_pf.data.desc),
-                         sr.defined.eq((s_pf.data.desc.allocation_mask != 0)
-                                       & (s_pf.data.undef == 0))]
+        m.d.comb += [td.desc.eq(l_rd.data.desc),
+                     td.defined.eq(l_rd.data.desc.allocated & (l_rd.data.undef == 0)),
+                     sr.desc.eq(s_rd.data.desc),
+                     sr.defined.eq((s_rd.data.desc.allocation_mask != 0)
+                                   & (s_rd.data.undef == 0))]
         gr = self.gpr_rd
-        with m.If(gr.en):
-            m.d.sync += gr.data.eq(Mux(gr.addr == 0, 0, gprs[gr.addr]))
-        m.d.comb += l_word.addr.eq(Cat(wd.index, wd.pe))
+        m.d.comb += gr.data.eq(g_rd.data)
         word_pe = Signal(2)
         with m.If(wd.en):
             m.d.sync += word_pe.eq(wd.pe)
@@ -254,6 +307,11 @@ class TileStore(wiring.Component):
         src_fm = Array(Signal(FEATURE_MAP_DESCRIPTOR, name=f"src_fm{p}") for p in range(PE_COUNT))
         for p in range(PE_COUNT):
             m.d.comb += [self.src_desc[p].eq(src_entry[p].desc), self.src_fm[p].eq(src_fm[p])]
+        src_latch = Signal()                    # the read registers hold PE src_pe's source
+        src_pe = Signal(2)
+        m.d.sync += src_latch.eq(0)
+        with m.If(src_latch):
+            m.d.sync += [src_entry[src_pe].eq(l_rd.data), src_fm[src_pe].eq(fm_rd.data)]
 
         plan = self.plan
         outs = plan.outputs
@@ -315,13 +373,12 @@ class TileStore(wiring.Component):
                 with m.If(mark_clear):
                     m.d.sync += bitmap[s].eq(bitmap[s] & ~mask)
 
-        # Facts of the addressed register (host command or walk), from the internal port.
+        # Facts of the host command's register: its entries were read when the command was
+        # taken, and the read registers hold them until the command ends.
         space = Value.cast(cmd.space)
         is_pe = space < PE_COUNT
         idx = cmd.index
-        m.d.comb += [l_int.addr.eq(Cat(idx[:6], space[:2])), s_int.addr.eq(idx),
-                     fm_rd.addr.eq(Cat(idx[:6], space[:2]))]
-        le, se = l_int.data, s_int.data
+        le, se = l_rd.data, s_rd.data
         allocated = Mux(is_pe, le.desc.allocated, se.desc.allocation_mask != 0)
         reg_cells = Mux(is_pe, le.desc.cells, se.desc.cells)
         reg_base = Mux(is_pe, le.base, se.base)
@@ -381,6 +438,10 @@ class TileStore(wiring.Component):
                 with m.Elif(host_go):
                     m.d.comb += self.host_cmd.ready.eq(1)
                     m.d.sync += cmd.eq(self.host_cmd.payload)
+                    taken = self.host_cmd.payload
+                    local = Cat(taken.index[:6], Value.cast(taken.space)[:2])
+                    read_local(local), read_shared(taken.index), read_fm(local)
+                    read_gpr(taken.index[:5])
                     m.next = "HOST"
 
             # ---- host commands --------------------------------------------------------
@@ -536,13 +597,17 @@ class TileStore(wiring.Component):
                             with m.If((idx == 0) | (idx >= GPR_COUNT)):
                                 fail(HostError.BAD_INDEX)
                             with m.Else():
-                                m.d.sync += gprs[idx[:5]].eq(cmd.data)
+                                m.d.comb += [g_wr.en.eq(1), g_wr.addr.eq(idx[:5]),
+                                             g_wr.data.eq(cmd.data)]
+                                for k, low in gpr_low.items():
+                                    with m.If(idx == k):
+                                        m.d.sync += low.eq(cmd.data[:16])
                                 reply(0)
                         with m.Case(HostOp.READ_GPR):
                             with m.If(idx >= GPR_COUNT):
                                 fail(HostError.BAD_INDEX)
                             with m.Else():
-                                reply(Mux(idx == 0, 0, gprs[idx[:5]]))
+                                reply(g_rd.data)
                         with m.Case(HostOp.WRITE_SYS):
                             with m.Switch(cmd.addr):
                                 with m.Case(SysReg.TILE_CAPACITY):
@@ -638,12 +703,12 @@ class TileStore(wiring.Component):
 
             # ---- placement of an approved plan ---------------------------------------
             with m.State("PLACE_SRC"):
-                # Latch each PE's SOURCE register and feature map (the TIMG2COL jobs).
+                # Read each PE's SOURCE register and feature map (the TIMG2COL jobs); they
+                # are latched a cycle later, the last one in the first cycle of PLACE_NEXT.
                 m.d.comb += busy.eq(1)
-                src = plan.operands[9].index[:6]
-                m.d.comb += [l_int.addr.eq(Cat(src, walk_pe)), fm_rd.addr.eq(Cat(src, walk_pe))]
-                m.d.sync += [src_entry[walk_pe].eq(l_int.data), src_fm[walk_pe].eq(fm_rd.data)]
-                m.d.sync += walk_pe.eq(walk_pe + 1)
+                src = Cat(plan.operands[9].index[:6], walk_pe)
+                read_local(src), read_fm(src)
+                m.d.sync += [src_latch.eq(1), src_pe.eq(walk_pe), walk_pe.eq(walk_pe + 1)]
                 with m.If(walk_pe == PE_COUNT - 1):
                     m.d.sync += walk_pe.eq(0)
                     m.next = "PLACE_NEXT"
@@ -712,12 +777,22 @@ class TileStore(wiring.Component):
                     m.d.sync += status.eq(status | self.flags)
                 self._advance(m, walk_pe, walk_j, "PUBLISH", "PLACE_END")
 
-        # ---- preflight payload reads, then the engines: later assignments take priority
+        # ---- preflight reads, then the engines: later assignments take priority --------
+        with m.If(gr.en):
+            read_gpr(gr.addr)
+        with m.If(td.en):
+            read_local(Cat(td.index, td.pe))
+        with m.If(sr.en):
+            read_shared(sr.sid)
+        # A word read takes the register's base from the Local read register: the preflight
+        # read that register in the previous cycle (its descriptor, or the word before), and
+        # reads it again now so the base is there for the next word (decision T11).
         with m.If(wd.en):
+            read_local(Cat(wd.index, wd.pe))
             for p in range(PE_COUNT):
                 with m.If(wd.pe == p):
-                    read(p, (l_word.data.base << 4) + wd.addr)
-        self._engine_port(m, l_int, s_int, pay_rd, pay_wr, busy)
+                    read(p, (l_rd.data.base << 4) + wd.addr)
+        self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, busy)
         self._element_ports(m, pay_rd, pay_wr, flg_rd, src_entry, bases)
         return m
 
@@ -735,19 +810,27 @@ class TileStore(wiring.Component):
             m.d.sync += j.eq(j + 1)
             m.next = same
 
-    def _engine_port(self, m, l_int, s_int, pay_rd, pay_wr, seq_busy):
+    def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, seq_busy):
         """The CUBE engine's TilePort: descriptors and payload words, one request at a time."""
         e = self.engine
-        # Descriptor lookups use the internal register-file ports while the sequencer idles.
+        # Descriptor lookups read both tables while the sequencer idles; the response is
+        # registered from the read registers a cycle later (latency 2).
+        lookup = Signal()                       # the read registers hold the lookup's entries
+        lookup_shared = Signal()
         rsp_valid = Signal()
-        m.d.comb += [e.desc_rsp.valid.eq(rsp_valid), e.desc_req.ready.eq(~rsp_valid & ~seq_busy)]
+        m.d.comb += [e.desc_rsp.valid.eq(rsp_valid),
+                     e.desc_req.ready.eq(~rsp_valid & ~lookup & ~seq_busy)]
         with m.If(e.desc_rsp.ready):
             m.d.sync += rsp_valid.eq(0)
-        with m.If(e.desc_req.valid & ~rsp_valid & ~seq_busy):
+        m.d.sync += lookup.eq(0)
+        with m.If(e.desc_req.valid & e.desc_req.ready):
             q = e.desc_req.payload
-            shared = q.space == MemSpace.SHARED
-            m.d.comb += [l_int.addr.eq(Cat(q.index[:6], Value.cast(q.space)[:2])), s_int.addr.eq(q.index)]
-            ld, sd = l_int.data, s_int.data
+            read_local(Cat(q.index[:6], Value.cast(q.space)[:2]))
+            read_shared(q.index)
+            m.d.sync += [lookup.eq(1), lookup_shared.eq(q.space == MemSpace.SHARED)]
+        with m.If(lookup):
+            shared = lookup_shared
+            ld, sd = l_rd.data, s_rd.data
             r = e.desc_rsp.payload
             m.d.sync += [
                 rsp_valid.eq(1),

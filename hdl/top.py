@@ -10,15 +10,16 @@ commands (:mod:`ptocube.hdl.host`), and reports one ``status`` item per bundle::
 A bundle's life (decision T1): the preflight's verdict is taken; a FAULT or NOOP verdict
 becomes its status at once.  An APPROVE verdict asks the store to PLACE every output on
 every selected PE (first fit; a destination that cannot be placed is Fault_TileAllocation,
-decision T4), then runs the engines - one :class:`~ptocube.hdl.img2col_engine.Img2ColEngine`
-per selected PE for TIMG2COL, the CUBE engine (:mod:`ptocube.hdl.cube`, when the build has
-it) for Matrix plans - and finally asks the store to PUBLISH (every engine committed, and the
+decision T4), then runs the engines - the one
+:class:`~ptocube.hdl.img2col_engine.Img2ColEngine` for TIMG2COL, one job per selected PE,
+PE0 first (decision T10), the CUBE engine (:mod:`ptocube.hdl.cube`, when the build has it)
+for Matrix plans - and finally asks the store to PUBLISH (every job committed, and the
 preflight's ``commit_enable`` is high) or to ABORT (free the placement).  Only then does the
 preflight see ``exec_done`` and take the next record, so nothing can observe a half-published
 group.  ``docs/hdl-top.md`` has the timing and figures.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -93,17 +94,19 @@ class CubeUnit(wiring.Component):
         self.decoder = BundleDecoder(config, parcels_per_beat=PARCELS_PER_BEAT)
         self.preflight = Preflight(config)
         self.store = TileStore(config)
-        self.img2col = [Img2ColEngine(config) for _ in range(PE_COUNT)]
+        self.img2col = Img2ColEngine(config)
         self.cube = self._cube_class(config) if self.has_cube else None
         self.phase = Signal(4, name="top_phase")
+        #: The PE whose TIMG2COL job the engine runs (or runs next).
+        self.img2col_pe = Signal(range(PE_COUNT), name="img2col_pe")
 
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
         dec, pf, st = self.decoder, self.preflight, self.store
         m.submodules.decoder, m.submodules.preflight, m.submodules.store = dec, pf, st
-        for p, eng in enumerate(self.img2col):
-            m.submodules[f"img2col{p}"] = eng
+        eng, cur = self.img2col, self.img2col_pe
+        m.submodules.img2col = eng
 
         wiring.connect(m, wiring.flipped(self.parcels), dec.i)
         # A record waits while the store serves a host command (decision T3).
@@ -116,14 +119,23 @@ class CubeUnit(wiring.Component):
             wiring.connect(m, getattr(pf, name), getattr(st, name))
         m.d.comb += [st.gpr_index.eq(dec.gpr_index), dec.gpr_value.eq(st.gpr_value),
                      st.plan.eq(pf.plan)]
-        for p, eng in enumerate(self.img2col):
-            port = st.i2c[p]
-            wiring.connect(m, eng.src_req, port.src_req)
-            wiring.connect(m, port.src_rsp, eng.src_rsp)
-            wiring.connect(m, eng.dst, port.dst)
-            job = img2col_job(m, plan=pf.plan, desc=st.src_desc[p], fm=st.src_fm[p],
-                              tile_capacity=st.tile_capacity, config=cfg)
-            m.d.comb += eng.job.payload.eq(job)
+        # The engine serves the store's element port of the current PE; the other ports see
+        # no requests and no writes (decision T10).
+        for p in range(PE_COUNT):
+            port, here = st.i2c[p], cur == p
+            m.d.comb += [port.src_req.payload.eq(eng.src_req.payload),
+                         port.src_req.valid.eq(eng.src_req.valid & here),
+                         port.src_rsp.ready.eq(eng.src_rsp.ready & here),
+                         port.dst.payload.eq(eng.dst.payload),
+                         port.dst.valid.eq(eng.dst.valid & here)]
+            with m.If(here):
+                m.d.comb += [eng.src_req.ready.eq(port.src_req.ready),
+                             eng.src_rsp.valid.eq(port.src_rsp.valid),
+                             eng.src_rsp.payload.eq(port.src_rsp.payload),
+                             eng.dst.ready.eq(port.dst.ready)]
+        job = img2col_job(m, plan=pf.plan, desc=st.src_desc[cur], fm=st.src_fm[cur],
+                          tile_capacity=st.tile_capacity, config=cfg)
+        m.d.comb += eng.job.payload.eq(job)
 
         plan = pf.plan
         pe_sel = Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1], plan.pe_mask[0])
@@ -161,11 +173,24 @@ class CubeUnit(wiring.Component):
         if "squash" in dec.signature.members:
             m.d.comb += dec.squash.eq(squash)
 
-        # Outcome collection of the engines.
-        done = Signal(PE_COUNT)
-        commit = Signal(PE_COUNT)
+        # Outcome of the engines: the first fault ends the bundle.
         first_fault = Signal(FaultClass)
         faulted = Signal()
+        # TIMG2COL jobs still to run (PE p = bit p), the current one included, and the PE
+        # after the current one.  An approved plan selects at least one PE (a zero mask is a
+        # no-op record).
+        todo = Signal(PE_COUNT)
+        rest = Signal(PE_COUNT)
+        m.d.comb += rest.eq(todo & ~(Const(1, PE_COUNT) << cur)[:PE_COUNT])
+
+        def lowest(mask, name):
+            pe = Signal(range(PE_COUNT), name=name)
+            for p in reversed(range(PE_COUNT)):
+                with m.If(mask[p]):
+                    m.d.comb += pe.eq(p)
+            return pe
+
+        first_pe, next_pe = lowest(pe_sel, "img2col_first_pe"), lowest(rest, "img2col_next_pe")
         boundary = pf.rec.bundle.boundary_index
 
         def report(outcome, fault=FaultClass.NONE, index=0, published=False):
@@ -207,8 +232,9 @@ class CubeUnit(wiring.Component):
                 with m.If(st.req_done):
                     m.d.comb += st.req_valid.eq(0)
                     with m.If(st.req_ok):
-                        m.d.sync += [done.eq(~pe_sel), commit.eq(~pe_sel), faulted.eq(0)]
+                        m.d.sync += faulted.eq(0)
                         with m.If(is_img2col):
+                            m.d.sync += [todo.eq(pe_sel), cur.eq(first_pe)]
                             m.next = "IMG2COL"
                         with m.Else():
                             m.next = "MATRIX"
@@ -217,26 +243,27 @@ class CubeUnit(wiring.Component):
                         report(StatusOutcome.FAULT, FaultClass.TILE_ALLOCATION, boundary)
                         m.next = "IDLE"
             with m.State("IMG2COL"):
+                # One job per selected PE, PE0 first (decision T10).
                 m.d.comb += self.phase.eq(2)
-                started = Signal(PE_COUNT)
-                for p, eng in enumerate(self.img2col):
-                    with m.If(pe_sel[p] & ~started[p] & ~done[p]):
-                        m.d.comb += eng.job.valid.eq(1)
-                        with m.If(eng.job.ready):
-                            m.d.sync += started[p].eq(1)
-                    with m.If(eng.done):
-                        m.d.sync += [done[p].eq(1), commit[p].eq(eng.commit), started[p].eq(0)]
-                        # Engines report only the class; every PE's class is the model's
-                        # (the destination check is PE-independent), so any one will do.
-                        with m.If(~eng.commit & ~faulted):
-                            m.d.sync += [first_fault.eq(eng.fault), faulted.eq(1)]
-                with m.If(done.all()):
-                    m.next = "FINISH"
+                started = Signal()
+                with m.If(~started):
+                    m.d.comb += eng.job.valid.eq(1)
+                    with m.If(eng.job.ready):
+                        m.d.sync += started.eq(1)
+                with m.If(eng.done):
+                    m.d.sync += [started.eq(0), todo.eq(rest), cur.eq(next_pe)]
+                    # The engine reports only the class, and every PE's class is the model's
+                    # (the destination check is PE-independent): the first fault decides,
+                    # and the remaining jobs would be discarded anyway.
+                    with m.If(~eng.commit):
+                        m.d.sync += [first_fault.eq(eng.fault), faulted.eq(1)]
+                        m.next = "FINISH"
+                    with m.Elif(rest == 0):
+                        m.next = "FINISH"
             with m.State("MATRIX"):
                 m.d.comb += self.phase.eq(3)
                 if cube is None:
-                    m.d.sync += [first_fault.eq(FaultClass.TILE_LEGALITY), faulted.eq(1),
-                                 commit.eq(0)]
+                    m.d.sync += [first_fault.eq(FaultClass.TILE_LEGALITY), faulted.eq(1)]
                     m.next = "FINISH"
                 else:
                     started = Signal()
@@ -245,14 +272,12 @@ class CubeUnit(wiring.Component):
                         m.d.sync += started.eq(1)
                     with m.If(cube.done):
                         m.d.sync += started.eq(0)
-                        with m.If(cube.commit):
-                            m.d.sync += commit.eq(0b1111)
-                        with m.Else():
-                            m.d.sync += [commit.eq(0), first_fault.eq(cube.fault), faulted.eq(1)]
+                        with m.If(~cube.commit):
+                            m.d.sync += [first_fault.eq(cube.fault), faulted.eq(1)]
                         m.next = "FINISH"
             with m.State("FINISH"):
                 m.d.comb += self.phase.eq(4)
-                publish = commit.all() & ~faulted & pf.commit_enable
+                publish = ~faulted & pf.commit_enable
                 m.d.comb += [st.req.eq(Mux(publish, StoreOp.PUBLISH, StoreOp.ABORT)),
                              st.req_valid.eq(1)]
                 m.next = "WAIT"

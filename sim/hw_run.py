@@ -138,9 +138,8 @@ def _trace_groups(unit: CubeUnit):
     def stream(port):
         return [port.valid, port.ready, Value.cast(port.payload)]
     dec, pf, st = unit.decoder, unit.preflight, unit.store
-    engines = []
-    for eng in unit.img2col:
-        engines += [eng.busy, eng.done, eng.commit, eng.fault] + stream(eng.dst)
+    eng = unit.img2col
+    engines = [unit.img2col_pe, eng.busy, eng.done, eng.commit, eng.fault] + stream(eng.dst)
     if unit.cube is not None:
         engines += [unit.cube.start, unit.cube.busy, unit.cube.done, unit.cube.commit]
     return {

@@ -275,6 +275,7 @@ def run(cases, config=CONFIG, seed=0):
             cycles = reads = commit_cycles = 0
             verdict = plan = engine = None
             answered = set()            # ports whose answer is valid in this cycle
+            last_reg = None             # the register the previous cycle's tile/word read named
             while True:
                 (_, _, t_en, t_pe, t_index, s_en, sid, w_en, w_pe, w_index, w_addr, g_en,
                  g_addr, v_valid, v_bits, commit, _) = await ctx.tick().sample(*ports)
@@ -294,8 +295,12 @@ def run(cases, config=CONFIG, seed=0):
                     ctx.set(dut.shared_rd.defined, defined)
                     answered.add("shared")
                 if w_en:
+                    # The store takes the word's base from the previous read of the same
+                    # register (decision T11 in docs/decisions/hdl-top.md).
+                    assert last_reg == (w_pe, w_index), "word read not after its register's read"
                     ctx.set(dut.word_rd.data, store.word(w_pe, w_index, w_addr))
                     answered.add("word")
+                last_reg = ((t_pe, t_index) if t_en else (w_pe, w_index) if w_en else None)
                 if g_en:
                     assert g_addr != 0, "GPR 0 is never read"
                     ctx.set(dut.gpr_rd.data, store.gpr(g_addr))

@@ -14,8 +14,10 @@ from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.host import (HostCommand, HostError, HostOp, SysReg, build_info,
                               decode_response, encode_command, join_parts, split_parts)
 from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
-from ptocube.hdl.tile_desc import encode_shared, encode_tile, shared_defined, tile_defined
-from ptocube.hdl.tile_store import TileStore
+from ptocube.hdl.tile_desc import (OutputRole, SharedDescLayout, TileDescLayout, encode_shared,
+                                   encode_tile, shared_defined, tile_defined)
+from ptocube.hdl.tile_port import OperandDescLayout
+from ptocube.hdl.tile_store import StoreOp, TileStore
 from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout
 from ptocube.model.scenario import parse_scenario
@@ -103,14 +105,21 @@ def loaded():
         out["shared_rd"] = srd
         words = {}
         for pe in range(4):
+            # As the preflight does: the register's descriptor, then its words back to back
+            # (the word port takes the base from that read, decision T11).
+            ctx.set(store.tile_rd.en, 1)
+            ctx.set(store.tile_rd.pe, pe)
+            ctx.set(store.tile_rd.index, 16)                           # U#1
+            await ctx.tick()
+            ctx.set(store.tile_rd.en, 0)
             for addr in range(3):
                 ctx.set(store.word_rd.en, 1)
                 ctx.set(store.word_rd.pe, pe)
-                ctx.set(store.word_rd.index, 16)                       # U#1
+                ctx.set(store.word_rd.index, 16)
                 ctx.set(store.word_rd.addr, addr)
                 await ctx.tick()
-                ctx.set(store.word_rd.en, 0)
                 words[pe, addr] = ctx.get(store.word_rd.data)
+            ctx.set(store.word_rd.en, 0)
         out["word_rd"] = words
         gprs = {}
         for number in range(24):
@@ -120,6 +129,11 @@ def loaded():
             ctx.set(store.gpr_rd.en, 0)
             gprs[number] = ctx.get(store.gpr_rd.data)
         out["gpr_rd"] = gprs
+        low = {}
+        for number in range(32):
+            ctx.set(store.gpr_index, number)
+            low[number] = ctx.get(store.gpr_value)
+        out["gpr_value"] = low
         out["alloc"] = (ctx.get(store.alloc.allocated), ctx.get(store.alloc.capacity_in_use),
                         [ctx.get(store.alloc.pe_bytes_in_use[p]) for p in range(4)],
                         ctx.get(store.alloc.tile_capacity))
@@ -141,9 +155,55 @@ def loaded():
         host["sys"] = [(await transact(ctx, HostCommand(HostOp.READ_SYS, addr=r.value))).data
                        for r in SysReg]
         out["host"] = host
+        out["engine_desc"] = await _engine_lookups(ctx, store)
+        out["place_src"] = {index: await _place_source(ctx, store, index)
+                            for index in (_ONLY_PE2, _WITH_FM)}
 
     _run(bench)
     return out
+
+
+#: A TileIndex only PE2 holds (a PE mix-up of the source latch shows) and one with a feature
+#: map on every PE.
+_ONLY_PE2 = next(i for i in range(64) if STATE.tile(2, i) is not None
+                 and all(STATE.tile(p, i) is None for p in (0, 1, 3)))
+_WITH_FM = next(i for i in range(64) if STATE.tile(1, i) is not None
+                and STATE.tile(1, i).feature_map is not None)
+
+
+async def _engine_lookups(ctx, store):
+    """Every loaded register and one empty one through the CUBE engine's ``desc_req``."""
+    port = store.engine
+    ctx.set(port.desc_rsp.ready, 1)
+    answers = {}
+    for pe, index, _ in [*_tiles(), (3, 63, None), (4, 255, None)]:
+        ctx.set(port.desc_req.valid, 1)
+        ctx.set(port.desc_req.payload.space, pe)
+        ctx.set(port.desc_req.payload.index, index)
+        while not (await ctx.tick().sample(port.desc_req.ready))[2]:
+            pass
+        ctx.set(port.desc_req.valid, 0)
+        while True:
+            _, _, valid, bits = await ctx.tick().sample(port.desc_rsp.valid,
+                                                        Value.cast(port.desc_rsp.payload))
+            if valid:
+                answers[pe, index] = bits
+                break
+    return answers
+
+
+async def _place_source(ctx, store, index):
+    """PLACE a plan with no outputs whose TIMG2COL source is ``index``: the latched
+    ``src_desc``/``src_fm`` of every PE."""
+    ctx.set(store.plan.operands[9].index, index)
+    for j in range(3):
+        ctx.set(store.plan.outputs[j].role, OutputRole.NONE)
+    ctx.set(store.req, StoreOp.PLACE)
+    ctx.set(store.req_valid, 1)
+    while not (await ctx.tick().sample(store.req_done))[2]:
+        ctx.set(store.req_valid, 0)
+    return [(ctx.get(Value.cast(store.src_desc[p])), ctx.get(Value.cast(store.src_fm[p])))
+            for p in range(4)]
 
 
 def _tiles():
@@ -174,6 +234,9 @@ def test_word_and_gpr_ports_and_allocation(loaded):
     for (pe, addr), word in loaded["word_rd"].items():
         assert word == tile_words(STATE.tile(pe, 16))[addr]
     assert loaded["gpr_rd"] == {n: STATE.read_gpr(n) for n in range(24)}
+    # The decoder's combinational port: GPR[15:0], zero past the last GPR.
+    assert loaded["gpr_value"] == {n: STATE.read_gpr(n) & 0xFFFF if n < 24 else 0
+                                   for n in range(32)}
     allocated, in_use, pe_bytes, capacity = loaded["alloc"]
     assert allocated == sum(1 << i for i in range(64) if STATE.index_allocated(i))
     assert in_use == STATE.capacity_in_use()
@@ -197,6 +260,41 @@ def test_host_reads_return_what_was_loaded(loaded):
     assert host["sys"] == [STATE.tile_capacity, STATE.flags, STATE.capacity_in_use(),
                            sum(1 << i for i in range(64) if STATE.index_allocated(i)),
                            build_info(CONFIG)]
+
+
+def test_engine_descriptor_lookups(loaded):
+    """The TilePort's descriptor answers are the registers' descriptors and bases; an empty
+    register (and a Shared one not published) answers not allocated."""
+    layout = OperandDescLayout(CONFIG)
+    answers = {k: layout.from_bits(v) for k, v in loaded["engine_desc"].items()}
+    for pe, index, tile in _tiles():
+        if pe < 4:
+            desc = TileDescLayout.from_bits(encode_tile(tile))
+            allocated = desc.allocated
+        else:
+            desc = SharedDescLayout.from_bits(encode_shared(STATE.shared[index]))
+            allocated = desc.published and desc.allocation_mask != 0
+        got = answers[pe, index]
+        assert got.allocated == allocated, (pe, index)
+        for field in ("dtype", "layout", "cells", "valid_rows", "valid_cols", "phys_cols"):
+            assert got[field] == desc[field], (pe, index, field)
+        assert got.base == loaded["host"][pe, index, "desc"][2], (pe, index)
+    assert not answers[3, 63].allocated and not answers[4, 255].allocated
+    assert not answers[4, 200].allocated                      # not published
+
+
+def test_place_latches_every_source(loaded):
+    """PLACE latches each PE's TIMG2COL source register and feature map (read one cycle
+    after the address, the last one after the walk left the state)."""
+    for index, per_pe in loaded["place_src"].items():
+        for pe, (desc, fm) in enumerate(per_pe):
+            tile = STATE.tile(pe, index)
+            assert desc == encode_tile(tile), (index, pe)
+            expected = 0 if tile is None or tile.feature_map is None else \
+                FEATURE_MAP_DESCRIPTOR.encode(tile.feature_map)
+            assert fm == expected, (index, pe)
+    assert any(d for d, _ in loaded["place_src"][_ONLY_PE2])
+    assert all(fm for _, fm in loaded["place_src"][_WITH_FM])
 
 
 def test_payloads_do_not_overlap(loaded):

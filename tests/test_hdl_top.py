@@ -30,6 +30,7 @@ from ptocube.sim.hw_run import (HardwareUnavailable, SimUnit, architectural, pro
                                 run_one, run_scenarios_hw)
 from ptocube.sim.run import run_scenario
 
+from img2col_scenarios import random_img2col
 from model_helpers import img2col_bundle
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
@@ -52,47 +53,6 @@ def _scenario(name, program, tiles=None, **keys):
 def _i2c(**kw):
     kw.setdefault("destination", ("M", "128B"))
     return img2col_bundle("U8", kw.pop("cols", 8), kw.pop("rows", 4), **kw)
-
-
-def _random_img2col(rng: random.Random, number: int):
-    """A random TIMG2COL scenario: feature map, source data (a few elements undefined) and a
-    window somewhere in the im2col matrix, with posM/posK from GPRs.  Some are illegal."""
-    dtype, bits = rng.choice([("U8", 8), ("S16", 16), ("FP16", 16), ("U32", 32), ("FP32", 32)])
-    c0 = rng.choice([1, 2, 4])
-    c1, h, w = rng.randint(1, 2), rng.randint(1, 5), rng.randint(1, 5)
-    kh, kw = rng.randint(1, 3), rng.randint(1, 3)
-    fm = {"layout": "NC1HWC0", "height": h, "width": w, "channel_groups": c1,
-          "channels_per_group": c0, "filter_height": kh, "filter_width": kw,
-          "stride_height": rng.randint(1, 2), "stride_width": rng.randint(1, 2),
-          "dilation_height": rng.randint(1, 2), "dilation_width": rng.randint(1, 2),
-          "pad_top": rng.randint(0, 1), "pad_bottom": rng.randint(0, 1),
-          "pad_left": rng.randint(0, 1), "pad_right": rng.randint(0, 1),
-          "logical_channels": rng.randint(1, c1 * c0), "padding": rng.getrandbits(64)}
-    elements = c1 * h * w * c0
-    cols = 16
-    rows = -(-elements // cols)
-    undefined = rng.random() < 0.3
-    data = [[None if undefined and rng.random() < 0.05 else f"0x{rng.getrandbits(bits):x}"
-             for _ in range(cols)] for _ in range(rows)]
-    tsize = max(128, 1 << (rows * cols * bits // 8 - 1).bit_length())
-    source = {"dtype": dtype, "location": "Matrix", "cols": cols, "tsize": tsize, "data": data,
-              "feature_map": fm}
-    out_h = max(1, (h + fm["pad_top"] + fm["pad_bottom"]
-                    - fm["dilation_height"] * (kh - 1) - 1) // fm["stride_height"] + 1)
-    out_w = max(1, (w + fm["pad_left"] + fm["pad_right"]
-                    - fm["dilation_width"] * (kw - 1) - 1) // fm["stride_width"] + 1)
-    all_rows, all_cols = out_h * out_w, c1 * c0 * kh * kw
-    valid_row = rng.randint(1, min(all_rows, 12))
-    valid_col = rng.randint(1, min(all_cols, 16))
-    pos_m = rng.randint(0, all_rows - valid_row + (rng.random() < 0.1))
-    pos_k = rng.randint(0, all_cols - valid_col)
-    col = 1 << (valid_col - 1).bit_length()
-    size = max(128, 1 << (valid_row * col * bits // 8 - 1).bit_length())
-    mask = rng.choice(["1111", "1000", "1100", "1110", "0001"])
-    program = img2col_bundle(dtype, valid_col, valid_row, col, destination=("T", f"{size}B"),
-                             source="M#1", mask=mask, ior="a0, a1")
-    return parse_scenario({"name": f"random-img2col-{number}", "tiles": {"all": {"M": [source]}},
-                           "gprs": {"a0": pos_m, "a1": pos_k}, "program": program})
 
 
 def _directed():
@@ -118,7 +78,32 @@ def _directed():
             "PE2": {"M": [dict(_example_source(), data=[[1, 99, 2, 99, None, 99, 11, 99],
                                                         [12, 99, 13, 99, 21, 99, 22, 99],
                                                         [23, 99, 0, 0, 0, 0, 0, 0]])]}}),
+        # The shared engine takes each PE's own source and feature map (decision T10).
+        _scenario("per-pe-sources", _i2c(), tiles={
+            f"PE{pe}": {"M": [_with_fm(data=[[v + 40 * pe for v in row] for row in DATA_3X8],
+                                       **fm)]}
+            for pe, fm in enumerate([{}, {"stride_height": 1, "stride_width": 1},
+                                     {"padding": 0x155, "dilation_width": 2, "pad_right": 1},
+                                     {"pad_bottom": 1, "pad_right": 1, "logical_channels": 2}])}),
+        # PE3's window is out of range: its job runs after PE0..PE2 committed theirs, and
+        # the whole group is dropped; the next bundle (PE3 left out) publishes.
+        _scenario("fault-on-last-pe", _i2c() + _i2c(mask="1110"), tiles={
+            "PE0": {"M": [_example_source()]}, "PE1": {"M": [_example_source()]},
+            "PE2": {"M": [_example_source()]},
+            "PE3": {"M": [_with_fm(filter_width=1)]}}),
     ]
+
+
+#: Source data of the example's shape (3 x 8 U8, all defined).
+DATA_3X8 = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16],
+            [17, 18, 19, 20, 21, 22, 23, 24]]
+
+
+def _with_fm(data=None, **fm):
+    """The example's source tile with some feature-map fields (and the data) replaced."""
+    source = _example_source()
+    return dict(source, data=data or source["data"],
+                feature_map=dict(source["feature_map"], **fm))
 
 
 MATRIX_EXAMPLES = ["int8-matmul", "tgemv-bias", "fp16-matmul-acc", "tgemv-acc-chain",
@@ -131,7 +116,7 @@ def runs():
     """(scenario, hardware result) for the directed and random TIMG2COL scenarios and the
     Matrix examples, all on one simulated unit."""
     rng = random.Random(8)
-    scenarios = (_directed() + [_random_img2col(rng, k) for k in range(RANDOM_IMG2COL)]
+    scenarios = (_directed() + [random_img2col(rng, k) for k in range(RANDOM_IMG2COL)]
                  + [load_scenario(EXAMPLES / f"{name}.json") for name in MATRIX_EXAMPLES])
     return list(zip(scenarios, run_scenarios_hw(scenarios, CONFIG, cube=True)))
 
@@ -256,6 +241,14 @@ def test_matrix_examples_match_model(runs, k):
     assert scenario.name == MATRIX_EXAMPLES[k]
     _check(scenario, result)
     assert any(b["outcome"] == "success" for b in result["bundles"])
+
+
+def test_fault_on_the_last_pe_drops_the_group(runs):
+    scenario, result = next(r for r in runs if r[0].name == "fault-on-last-pe")
+    first, second = result["bundles"]
+    assert first["outcome"] == "fault" and not first.get("published")
+    assert second["outcome"] == "success"
+    assert {t["pe"] for t in second["published"]} == {0, 1, 2}
 
 
 def test_squash_drops_the_bundle_a_faulting_start_opened(runs):

@@ -1,106 +1,33 @@
 """SelfTest and its host-command player, in Amaranth simulation.
 
-The player is checked against a small stand-in unit with the same host port (a GPR file that
-answers WRITE_GPR / READ_GPR and one status per ``last`` parcel beat), so its protocol
-handling is tested on its own; the self-test of the real unit follows in
-``test_selftest_cube_unit*``.
+The player is checked against a small stand-in unit with the same host port
+(``tests/selftest_units.py``: a GPR file that answers WRITE_GPR / READ_GPR and one status per
+``last`` parcel beat), so its protocol handling is tested on its own; the self-test of the real
+unit follows in ``test_selftest_cube_unit*``, and the golden program's Matrix bundles per
+preset in ``test_matrix_bundles*``.
 """
 
+import re
+
 import pytest
-from amaranth.hdl import Array, Module, Signal
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.hdl import Module
 from amaranth.sim import Simulator
 
 from ptocube.build.host_player import HostCommandPlayer, Step, StepKind
-from ptocube.build.selftest import (STATUS_MASK, SelfTest, golden_program, message_text,
-                                    port_shapes, unit_selftest)
-from ptocube.hdl.config import preset
-from ptocube.hdl.top import CubeUnit
-from ptocube.hdl.decoder import ParcelBeat
-from ptocube.hdl.host import (HostCommand, HostCommandLayout, HostError, HostOp,
-                              HostResponse, HostResponseLayout, StatusLayout, StatusOutcome,
-                              decode_command, decode_status, encode_command, encode_response)
+from ptocube.build.selftest import (MATRIX_PE, SELFTEST_BUNDLES, STATUS_MASK, SelfTest,
+                                    golden_program, matrix_scenario, message_text,
+                                    port_shapes, selftest_scenario, unit_selftest)
+from ptocube.hdl.config import PRESETS, CubeConfig, preset
+from ptocube.hdl.host import HostOp, StatusLayout, StatusOutcome, decode_command, decode_status
+from ptocube.hdl.numeric_types import NumericConfig
+from ptocube.hdl.top import PARCELS_PER_BEAT, CubeUnit
+from ptocube.model.bundle import Operation
+from ptocube.model.datatype import DataType
+from ptocube.model.machine import Machine, Outcome
+from ptocube.model.scenario import parse_scenario
+from ptocube.model.state import PE_COUNT, selector_name
 
-
-class GprUnit(wiring.Component):
-    """Stand-in with the CubeUnit host port: 24 GPRs, a status per finished parcel stream.
-
-    Responses come one cycle after the command (``host_cmd.ready`` is low while one waits),
-    and ``host_cmd.ready`` also drops for ``busy_cycles`` after a status, like the real
-    unit's availability rule.
-    """
-
-    host_cmd: In(stream.Signature(HostCommandLayout))
-    host_rsp: Out(stream.Signature(HostResponseLayout))
-    parcels: In(stream.Signature(ParcelBeat(2)))
-    status: Out(stream.Signature(StatusLayout))
-
-    def elaborate(self, platform):
-        m = Module()
-        gprs = Array(Signal(64, name=f"gpr{k}") for k in range(24))
-        cmd = self.host_cmd.payload
-        m.d.comb += self.host_cmd.ready.eq(~self.host_rsp.valid & ~self.status.valid)
-        with m.If(self.host_rsp.valid & self.host_rsp.ready):
-            m.d.sync += self.host_rsp.valid.eq(0)
-        with m.If(self.host_cmd.valid & self.host_cmd.ready):
-            m.d.sync += [self.host_rsp.valid.eq(1), self.host_rsp.payload.error.eq(0),
-                         self.host_rsp.payload.data.eq(0)]
-            with m.If((cmd.op == HostOp.WRITE_GPR) & (cmd.index < 24) & (cmd.index != 0)):
-                m.d.sync += gprs[cmd.index].eq(cmd.data)
-            with m.Elif((cmd.op == HostOp.READ_GPR) & (cmd.index < 24)):
-                m.d.sync += self.host_rsp.payload.data.eq(gprs[cmd.index])
-            with m.Elif(cmd.op != HostOp.NOP):
-                m.d.sync += [self.host_rsp.payload.error.eq(1),
-                             self.host_rsp.payload.data.eq(HostError.BAD_OP.value)]
-        # A stream's last beat makes GPR1 := GPR1 + (number of parcels) and one SUCCESS status.
-        m.d.comb += self.parcels.ready.eq(~self.status.valid)
-        with m.If(self.parcels.valid & self.parcels.ready):
-            m.d.sync += gprs[1].eq(gprs[1] + self.parcels.payload.count)
-            with m.If(self.parcels.payload.last):
-                m.d.sync += [self.status.valid.eq(1),
-                             self.status.payload.outcome.eq(StatusOutcome.SUCCESS),
-                             self.status.payload.cycles.eq(self.status.payload.cycles + 7)]
-        with m.If(self.status.valid & self.status.ready):
-            m.d.sync += self.status.valid.eq(0)
-        return m
-
-
-def _cmd(op, index=0, value=0):
-    return encode_command(HostCommand(op, index=index, data=value))
-
-
-def _ok(value=0):
-    return encode_response(HostResponse(value))
-
-
-def _status_success():
-    return data.Const(StatusLayout, 0).as_value().value  # outcome SUCCESS = 0, all zero
-
-
-def _beat(parcels, last):
-    return ParcelBeat(2).const({"parcels": list(parcels) + [0] * (2 - len(parcels)),
-                                      "count": len(parcels), "last": last}).as_bits()
-
-
-def gpr_program(corrupt=None):
-    """Writes GPRs, sends two parcel streams (5 parcels), reads everything back."""
-    steps = [Step.command(_cmd(HostOp.NOP), _ok())]
-    values = {k: (0x0123_4567_89AB_CDEF * k) % 2**64 for k in range(2, 8)}
-    steps += [Step.command(_cmd(HostOp.WRITE_GPR, k, v), _ok()) for k, v in values.items()]
-    steps += [Step.command(_cmd(HostOp.WRITE_GPR, 1, 100))]
-    steps += [Step.parcel(_beat([0x11, 0x22], 0)), Step.parcel(_beat([0x33], 1)),
-              Step.status(_status_success()),
-              Step.parcel(_beat([0x44, 0x55], 1)), Step.status(_status_success())]
-    steps += [Step.command(_cmd(HostOp.READ_GPR, 1), _ok(105))]
-    steps += [Step.command(_cmd(HostOp.READ_GPR, k), _ok(v)) for k, v in values.items()]
-    steps += [Step.command(_cmd(HostOp.WRITE_GPR, 0, 1),
-                           encode_response(HostResponse(0, HostError.BAD_OP)))]
-    steps += [Step.command(_cmd(HostOp.READ_GPR, 0), _ok(0))]
-    if corrupt is not None:
-        s = steps[corrupt]
-        steps[corrupt] = Step(s.kind, s.bits, s.expect ^ (1 << 5))
-    return steps
+from selftest_units import GprUnit, gpr_program
 
 
 def run_selftest(dut, max_cycles=20_000, uart_cycles=0):
@@ -198,35 +125,107 @@ def test_player_rejects_bad_programs():
         HostCommandPlayer({"host_cmd": 96, "parcels": 35, "status": 99}, [])
 
 
+def _model_results(config):
+    """The self-test scenario of ``config`` on the golden model: (bundle results, state)."""
+    parsed = parse_scenario(selftest_scenario(config))
+    machine = Machine(parsed.state)
+    return machine.run(parsed.program), machine.state
+
+
+def _reads(steps, op):
+    """The (space, index) of every ``op`` command of ``steps``."""
+    return {(c.space, c.index) for c in (decode_command(s.bits) for s in steps
+                                         if s.kind is StepKind.COMMAND) if c.op is op}
+
+
+MATRIX_OPS = {Operation.TMATMUL_BIAS, Operation.TMATMUL_ACC, Operation.TMATMUL_MX}
+
+
 def test_golden_program_shape():
-    steps = golden_program(preset("ice40-tiny"))
+    config = preset("ice40-tiny")
+    steps = golden_program(config, per_beat=PARCELS_PER_BEAT)
+    results, _ = _model_results(config)
     kinds = [s.kind for s in steps]
-    assert kinds.count(StepKind.STATUS) == 6             # one per bundle
+    assert kinds.count(StepKind.STATUS) == len(SELFTEST_BUNDLES) + len(results)
     assert kinds.count(StepKind.PARCEL) > 10
     statuses = [decode_status(s.expect) for s in steps if s.kind is StepKind.STATUS]
-    assert len({s.expect for s in steps if s.kind is StepKind.STATUS}) == 6
-    assert statuses[-1].outcome is StatusOutcome.SUCCESS and statuses[-1].pe_mask == 0b1111
+    # The default bundles' statuses are all different; the scenario's bundles all succeed.
+    expects = [s.expect for s in steps if s.kind is StepKind.STATUS]
+    assert len(set(expects[:len(SELFTEST_BUNDLES)])) == len(SELFTEST_BUNDLES)
+    own = statuses[len(SELFTEST_BUNDLES):]
+    assert all(s.outcome is StatusOutcome.SUCCESS for s in own)
+    assert own[0].op == Operation.TIMG2COL and own[0].pe_mask == 0b1111
+    assert [Operation(s.op) for s in own[1:]] == [Operation.TMATMUL_BIAS, Operation.TMATMUL_ACC]
+    assert all(s.pe_mask == 1 << (PE_COUNT - 1 - MATRIX_PE) for s in own[1:])
     commands = [decode_command(s.bits) for s in steps if s.kind is StepKind.COMMAND]
     unchecked = [c for c, s in zip(commands, (s for s in steps if s.kind is StepKind.COMMAND))
                  if not s.checked]
     assert unchecked and all(c.op is HostOp.CONFIGURE for c in unchecked)
-    # The TIMG2COL window is read back from every PE.
-    assert {(c.space, c.index) for c in commands if c.op is HostOp.READ_WORD} == \
-        {(pe, 33) for pe in range(4)}
+    # Every published register is read back: the TIMG2COL window on every PE, D, RowMaxOut
+    # and the ACC's D on the Matrix PE.
+    published = {(p.pe, p.index) for r in results for p in r.published}
+    assert _reads(steps, HostOp.READ_WORD) == published
+    assert len(published) == PE_COUNT + 3
+    # The ROM stays within one 256-deep row of iCE40 block RAMs (docs/fpga.md, SelfTest).
+    assert len(steps) + 1 <= 256
 
 
-def _unit_run(corrupt=None):
-    config = preset("ice40-tiny")
+TYPE_SETS = {**PRESETS, "float-only": CubeConfig(int_types=False, mx_types=False),
+             "float-no-mx": CubeConfig(mx_types=False)}
+
+
+@pytest.mark.parametrize("name", TYPE_SETS)
+def test_matrix_bundles_per_type_set(name):
+    # One chain per type class the build has, every bundle succeeding on the model, and all
+    # of the Matrix PE's registers within the build's tile memory.
+    config = TYPE_SETS[name]
+    program = matrix_scenario(config)["program"]
+    types = set(re.findall(r"^BSTART\.\S+ (\w+)", "\n".join(program), re.M))
+    built = NumericConfig.from_cube_config(config).input_types
+    assert types and types <= {t.name for t in built}
+    assert ("S8" in types) == config.int_types and ("FP16" in types) == config.float_types
+    assert ("E4M3" in types) == config.mx_types
+    results, state = _model_results(config)
+    matrix = [r for r in results if r.operation in MATRIX_OPS]
+    assert len(matrix) == 2 * config.int_types + 2 * config.float_types + config.mx_types
+    assert all(r.outcome is Outcome.SUCCESS and r.published for r in matrix)
+    # Each chain's ACC reads the BIAS bundle's D as C.
+    acc = [r for r in matrix if r.operation is Operation.TMATMUL_ACC]
+    bias = [r for r in matrix if r.operation is Operation.TMATMUL_BIAS]
+    c_names = re.findall(r"^BSTART\.TMATMUL\.ACC .*?^B\.IOT (\S+),", "\n".join(program),
+                         re.M | re.S)
+    assert c_names == [selector_name(b.published[0].index) for b in bias] and len(acc) == len(bias)
+    held = sum(t.capacity for t in state.pes[MATRIX_PE].tiles if t is not None)
+    assert held <= config.tile_bytes_per_pe
+    steps = golden_program(config, per_beat=PARCELS_PER_BEAT)
+    assert sum(s.kind is StepKind.STATUS for s in steps) == len(SELFTEST_BUNDLES) + len(results)
+
+
+def test_matrix_outputs_are_not_trivial():
+    # The S8 chain's outputs exercise what the bundles claim: ReLU zeros some of D1, the
+    # requantization saturates some of D2, and nothing is all one value.
+    results, state = _model_results(preset("ice40-tiny"))
+    d1, rowmax = (state.tile(p.pe, p.index) for p in results[1].published)
+    d2 = state.tile(MATRIX_PE, results[2].published[0].index)
+    assert (d1.dtype, rowmax.dtype, d2.dtype) == (DataType.S32, DataType.S32, DataType.S8)
+    d1v = d1.raw().astype("int64")
+    d2v = (d2.raw().astype("int64") + 128) % 256 - 128      # S8 bit patterns as values
+    assert d1v.shape == d2v.shape == (3, 4)
+    assert (d1v == 0).any() and (d1v > 0).any()
+    assert (d2v == 127).any() and len(set(d2v.ravel().tolist())) > 3
+
+
+def _unit_run(corrupt=None, config=preset("ice40-tiny"), max_cycles=4000):
     if corrupt is None:
         dut = unit_selftest(config, clk_hz=4e6, baud=1e6, repeat_cycles=50)
     else:
         # The same unit and program with one expected word flipped.
-        program = golden_program(config)
+        program = golden_program(config, per_beat=PARCELS_PER_BEAT)
         s = program[corrupt]
         program[corrupt] = Step(s.kind, s.bits, s.expect ^ (1 << 3))
         dut = SelfTest(CubeUnit(config), program, clk_hz=4e6, baud=1e6,
                        status_mask=STATUS_MASK, repeat_cycles=50)
-    return dut, run_selftest(dut, max_cycles=5000, uart_cycles=1500)
+    return dut, run_selftest(dut, max_cycles=max_cycles, uart_cycles=1500)
 
 
 def test_selftest_cube_unit_passes():
@@ -237,9 +236,24 @@ def test_selftest_cube_unit_passes():
 
 
 def test_selftest_cube_unit_detects_a_corrupted_word():
-    steps = golden_program(preset("ice40-tiny"))
+    # A payload word of the TMATMUL.BIAS output D, read back after both Matrix bundles ran.
+    config = preset("ice40-tiny")
+    results, _ = _model_results(config)
+    d1 = next(r for r in results if r.operation is Operation.TMATMUL_BIAS).published[0]
+    steps = golden_program(config, per_beat=PARCELS_PER_BEAT)
     word_at = [k for k, s in enumerate(steps) if s.kind is StepKind.COMMAND
-               and decode_command(s.bits).op is HostOp.READ_WORD][-1]
+               and (c := decode_command(s.bits)).op is HostOp.READ_WORD
+               and (c.space, c.index) == (d1.pe, d1.index)][-1]
     dut, r = _unit_run(corrupt=word_at)
     assert r["failed"] and r["step"] == word_at
     assert r["text"] == message_text(False, word_at)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ecp5-int8", "ecp5-full"])
+def test_selftest_cube_unit_passes_on_the_ecp5_presets(name):
+    # ecp5-int8: the S8 chain on an 8 x 8 array; ecp5-full: the S8, FP16 and MX bundles on a
+    # 4 x 4 array with every type class.
+    dut, r = _unit_run(config=preset(name), max_cycles=40_000)
+    assert r["passed"] and not r["failed"], f"failed at step {r['step']}"
+    assert r["step"] == len(dut.player.steps) - 1

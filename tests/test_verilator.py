@@ -35,9 +35,10 @@ from ptocube.sim.verilator import (REQUIRED_TOOLS, VerilatorMissing, VerilatorMo
                                    ensure_verilator, run_scenarios_verilator,
                                    run_streams_verilator, source_fingerprint, stall_counts,
                                    verilator_name)
-from test_hdl_decoder import beats_of, random_gprs, random_streams
 
 from cube_cases import random_case
+from decoder_streams import beats_of, random_gprs, random_streams
+from img2col_scenarios import random_img2col
 from model_helpers import matrix_bundle
 
 HAVE_VERILATOR = all(shutil.which(tool) for tool in REQUIRED_TOOLS)
@@ -380,14 +381,13 @@ def encodable_case(nprng):
 def random_scenarios(seed, count):
     """``count`` random scenarios: legal Matrix bundles of every function and type pair
     (``tests/cube_cases.py``), some with a wrong PE mask or a missing operand (faults), and
-    TIMG2COL windows (``tests/test_hdl_top.py``, some illegal)."""
-    from test_hdl_top import _random_img2col
+    TIMG2COL windows (``tests/img2col_scenarios.py``, some illegal)."""
     rng = random.Random(seed)
     nprng = np.random.default_rng(seed)
     scenarios = []
     for k in range(count):
         if rng.random() < 0.3:
-            scenarios.append(_random_img2col(rng, k))
+            scenarios.append(random_img2col(rng, k))
             continue
         state, plan = encodable_case(nprng)
         program = matrix_program(plan.bundle)
