@@ -11,18 +11,21 @@ Per PE the engine reads the descriptors of the plan's operands (base CELL, physi
 columns), derives the run context (:class:`~ptocube.hdl.cube_run.RunLayout`) and runs
 three units around the :class:`~ptocube.hdl.systolic.SystolicArray` at once:
 
-* :class:`~ptocube.hdl.operand_feed.OperandFeed` - A, B and scale elements into beats;
+* :class:`~ptocube.hdl.panel_feed.PanelFeed` - beats from A and B buffers filled once per
+  PE, for Local A and B; :class:`~ptocube.hdl.operand_feed.OperandFeed` - the lane path
+  (A, B, scale and Bias elements) for the other runs;
 * :class:`~ptocube.hdl.fill_source.FillSource` - initial accumulator rows (C, or Bias for
   integer BIAS forms);
 * :class:`~ptocube.hdl.result_path.ResultPath` - drained rows through post-processing and
   the reductions into output words;
 
-sharing the store's one read port through a :class:`~ptocube.hdl.read_arbiter.ReadArbiter`.
+sharing the store's one read port through a :class:`~ptocube.hdl.read_arbiter.ReadArbiter`;
+drained rows reach the result path through a FIFO.
 ``docs/hdl-cube.md`` describes the schedule and the figures.
 """
 
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import data, wiring
+from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..model.datatype import DataType
@@ -33,6 +36,7 @@ from .config import CubeConfig
 from .cube_run import RunLayout
 from .fill_source import FillSource
 from .operand_feed import OperandFeed
+from .panel_feed import PanelFeed, panel_feed_usable
 from .read_arbiter import ReadArbiter
 from .result_path import ResultPath
 from .systolic import SystolicArray
@@ -104,13 +108,35 @@ class CubeEngine(wiring.Component):
         slots = array.slots
         m.submodules.feed = feed = OperandFeed(cfg, array.feed.payload.shape(), slots,
                                                array.numeric.has_scale)
+        m.submodules.panels = panels = PanelFeed(cfg, array.feed.payload.shape(), slots,
+                                                 array.numeric.has_scale)
         m.submodules.fill = fill = FillSource(cfg, array.fill.payload.shape(), slots)
         m.submodules.result = result = ResultPath(cfg, array.drain.payload.shape(), slots)
-        m.submodules.reads = reads = ReadArbiter(cfg, 3)
-        wiring.connect(m, feed.feed, array.feed)
+        m.submodules.reads = reads = ReadArbiter(cfg, 4)
+        # A run uses the buffered feed when it can (Local A and B) and the lane feed
+        # otherwise; the idle one offers nothing.
+        buffered = Signal()
+        m.d.comb += [
+            array.feed.valid.eq(Mux(buffered, panels.feed.valid, feed.feed.valid)),
+            array.feed.payload.eq(Mux(buffered, panels.feed.payload.as_value(),
+                                      feed.feed.payload.as_value())),
+            panels.feed.ready.eq(buffered & array.feed.ready),
+            feed.feed.ready.eq(~buffered & array.feed.ready),
+        ]
         wiring.connect(m, fill.fill, array.fill)
-        wiring.connect(m, array.drain, result.drain)
-        for index, client in enumerate((fill, result, feed)):
+        # Drained rows wait in a FIFO (4 groups' worth), so that the array's exchanges go on
+        # while the result path is still writing D's zero prefill at the start of a run.
+        drain_width = len(array.drain.payload.as_value())
+        m.submodules.drained = drained = fifo.SyncFIFOBuffered(
+            width=drain_width, depth=4 * cfg.rows * slots)
+        m.d.comb += [
+            drained.w_data.eq(array.drain.payload.as_value()),
+            drained.w_en.eq(array.drain.valid), array.drain.ready.eq(drained.w_rdy),
+            result.drain.valid.eq(drained.r_rdy),
+            result.drain.payload.as_value().eq(drained.r_data),
+            drained.r_en.eq(result.drain.ready),
+        ]
+        for index, client in enumerate((fill, result, panels, feed)):
             wiring.connect(m, client.rd, reads.req[index])
             m.d.comb += client.rsp.eq(reads.rsp[index])
         wiring.connect(m, reads.mem_req, wiring.flipped(self.tile.mem_req))
@@ -179,7 +205,8 @@ class CubeEngine(wiring.Component):
                     m.next = "DESC"
             with m.State("RUN"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(feed.done & fill.done & result.done & reads.idle & ~run_start):
+                with m.If(feed.done & panels.done & fill.done & result.done & reads.idle
+                          & ~drained.r_rdy & ~run_start):
                     m.d.sync += fresh.eq(0)
                     found, following = next_pe_after(pe)
                     with m.If(found):
@@ -232,8 +259,11 @@ class CubeEngine(wiring.Component):
             run.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
                                                  "gm_log2p")),
         ]
-        for unit in (feed, fill, result):
+        m.d.comb += buffered.eq(panel_feed_usable(run))
+        for unit in (fill, result):
             m.d.comb += [unit.run.eq(run), unit.start.eq(run_start)]
+        m.d.comb += [feed.run.eq(run), feed.start.eq(run_start & ~buffered),
+                     panels.run.eq(run), panels.start.eq(run_start & buffered)]
         m.d.comb += [fill.fresh.eq(fresh), result.fresh.eq(fresh),
                      result.plan.eq(plan), result.rmode.eq(self.rmode),
                      result.sat.eq(self.sat)]

@@ -8,7 +8,7 @@ order in which the engine visits output blocks; the operand feed, the fill sourc
 result path each run their own copy of it, one group apart.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import data
 
 from .config import CubeConfig
@@ -54,33 +54,48 @@ def RunLayout(config: CubeConfig) -> data.StructLayout:
 
 
 def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, n_dim,
-                 restart, step) -> tuple[list, Signal]:
+                 restart, step, strides=None) -> tuple[list, Signal]:
     """Output blocks of the current group, and whether the walk is past the last group.
 
     Blocks of ``rows`` x ``cols`` outputs are visited row-major ((0, 0), (0, C), ...,
     (R, 0), ...), ``slots`` per group.  ``restart`` goes back to the first group, ``step``
     to the next.  Returns, per slot, ``(row0, col0, used)`` - the block's first output row
     and column and whether the slot has a block - and ``done`` (no block left: the group
-    after the last).
+    after the last).  With ``strides = (row_stride, col_stride)`` each slot also carries
+    ``row_base`` and ``col_base``: the block row index times ``row_stride`` and the block
+    column index times ``col_stride`` (the operand buffers' entry bases, kept as running
+    sums so that no multiplier is needed).
     """
     row0 = Signal(16, name=f"{name}_row0")
     col0 = Signal(16, name=f"{name}_col0")
+    if strides is not None:
+        row_stride, col_stride = strides
+        row_base = Signal(16, name=f"{name}_row_base")
+        col_base = Signal(16, name=f"{name}_col_base")
+    else:
+        row_stride = col_stride = row_base = col_base = Const(0, 16)
 
-    def advance(r, c):
+    def advance(r, c, rb, cb):
         wrap = c + cols >= n_dim
-        return Mux(wrap, r + rows, r)[:16], Mux(wrap, 0, c + cols)[:16]
+        return (Mux(wrap, r + rows, r)[:16], Mux(wrap, 0, c + cols)[:16],
+                Mux(wrap, rb + row_stride, rb)[:16], Mux(wrap, 0, cb + col_stride)[:16])
 
     slot_blocks = []
-    r, c = row0, col0
+    r, c, rb, cb = row0, col0, row_base, col_base
     for s in range(slots):
         if s:
-            r, c = advance(r, c)
-        slot_blocks.append((r, c, r < m_dim))
-    next_r, next_c = advance(r, c)
+            r, c, rb, cb = advance(r, c, rb, cb)
+        block = (r, c, r < m_dim)
+        slot_blocks.append(block + (rb, cb) if strides is not None else block)
+    next_r, next_c, next_rb, next_cb = advance(r, c, rb, cb)
     with m.If(restart):
         m.d.sync += [row0.eq(0), col0.eq(0)]
+        if strides is not None:
+            m.d.sync += [row_base.eq(0), col_base.eq(0)]
     with m.Elif(step):
         m.d.sync += [row0.eq(next_r), col0.eq(next_c)]
+        if strides is not None:
+            m.d.sync += [row_base.eq(next_rb), col_base.eq(next_cb)]
     done = Signal(name=f"{name}_done")
     m.d.comb += done.eq(row0 >= m_dim)
     return slot_blocks, done
@@ -89,7 +104,7 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
 def select_block(m: Module, blocks: list, slot) -> tuple[Signal, Signal, Signal]:
     """``(row0, col0, used)`` of the block that :func:`block_walker` gives slot ``slot``."""
     row0, col0, used = Signal(16), Signal(16), Signal()
-    for index, (r, c, u) in enumerate(blocks):
+    for index, (r, c, u) in enumerate(block[:3] for block in blocks):
         with m.If(slot == index):
             m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u)]
     return row0, col0, used

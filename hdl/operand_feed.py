@@ -6,7 +6,9 @@ A column (R elements), the B row (C elements) and, for MX forms, their E8M0 scal
 their CELL or row-major payloads, and offers the beat to the array
 (``docs/hdl-systolic.md`` section 7).  Every lane (one per array row or column and
 operand) keeps the last payload word it read, so a lane reads a new word only when its
-element moves out of the one it holds.
+element moves out of the one it holds.  This *lane path* serves the runs that
+:class:`~ptocube.hdl.panel_feed.PanelFeed` does not (Shared or transposed primaries, MX
+scales, the floating Bias term); the engine starts one of the two per run.
 
 A run is: one group of null first beats (the chains' initial values for the first real
 group are loaded by the exchange it triggers), the real groups, then one more null group

@@ -1,10 +1,10 @@
 """One payload read port shared by several clients of the CUBE engine.
 
 The tile store answers reads in request order (``hdl/tile_port.py``).  :class:`ReadArbiter`
-lets several clients (the operand feed, the fill source, the result path) share that port:
-it grants the lowest-numbered client that asks, remembers in a small FIFO which client (and
-which of its lanes, ``tag``) each outstanding request belongs to, and returns every response
-to its owner in the cycle it arrives.  A client must take a response at once (its ``rsp`` is
+lets several clients (the fill source, the result path, the operand buffers' fill, the lane
+feed) share that port: it grants the lowest-numbered client that asks, remembers in a small
+FIFO which client (and which of its lanes, ``tag``) each outstanding request belongs to,
+and returns every response to its owner in the cycle it arrives.  A client must take a response at once (its ``rsp`` is
 valid-only), which every client guarantees by asking only for words it has a register for:
 responses therefore never wait, and no client can block another's.
 

@@ -9,6 +9,8 @@ Cases (each one Matrix bundle; M is at most 32 per PE - CUBE_M32 - so the issue'
   memory traffic: S16 x S16 (the same 16-bit elements and layouts) on an integer array
   padded to 3 slots - the full-type array is too slow to simulate at this size in pysim,
   and the engine's timing depends only on R, C, L, the element widths and the shape;
+* ``FP16 schedule, M = 16``: the same on one PE of 16 x 64 x 256 (the shape of the
+  first version's table; no target: B alone is 4 reads per beat of the first block row);
 * ``FP16``: real FP16 x FP16 on a full-type 2 x 2 array, a smaller shape (no target);
 * ``overhead``: a 1 x 1 x 1 bundle on one PE: the fixed cost of a bundle.
 
@@ -91,6 +93,8 @@ def bench_cube(m: int = 32, n: int = 64, k: int = 256, size: int = 8, pes: int =
         _case("S8", int_build, None, DataType.S8, (m, n, k), pes, 0.90, seed),
         _case("FP16 schedule", int_build, CubeConfig().fma_stages, DataType.S16,
               (m, n, k), pes, 0.80, seed),
+        _case("FP16 schedule, M = 16", int_build, CubeConfig().fma_stages, DataType.S16,
+              (max(1, m // 2), n, k), 1, None, seed),
         _case("FP16", full_small, None, DataType.FP16,
               (max(1, m // 4), max(1, n // 8), max(1, k // 8)), 1, None, seed),
         _case("overhead", int_build, None, DataType.S8, (1, 1, 1), 1, None, seed),

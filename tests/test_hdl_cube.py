@@ -16,7 +16,7 @@ from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.cube import CubeEngine
 from ptocube.model.bundle import Operation
 from ptocube.model.datatype import DataType
-from ptocube.model.layout import Layout
+from ptocube.model.layout import Layout, element_offsets
 from ptocube.model.postprocess import PREQUANT_MODES
 
 from cube_bench_store import check_against_model, run_engine
@@ -186,6 +186,66 @@ def test_odd_array_slow_store_and_write_stalls():
     rng = np.random.default_rng(11)
     jobs = [random_case(rng, ODD, (9, 7, 20)) for _ in range(10)]
     check(ODD, jobs, latency=3, write_stall=0.3, seed=1)
+
+
+def _operand_words(layout, dtype, rows, cols) -> int:
+    """Distinct 64-bit payload words holding the valid elements of a CUBE tile."""
+    bits = element_offsets(layout, dtype, rows, cols) * dtype.bits
+    return len(np.unique(bits // 64))
+
+
+def test_operand_buffers_read_each_word_once():
+    """Buffered runs (Local A and B) on an even array read every A and B word exactly once
+    per PE: several block rows and columns, K not a multiple of 32 or of a word, N not a
+    multiple of C, M = 1, both M layouts, 4-bit lanes, two PEs."""
+    specs = [
+        {"a_type": T.S8, "b_type": T.S8, "m": 9, "n": 7, "k": 100, "mask": 0b1010,
+         "m_layout": Layout.CUBE_M32},
+        {"a_type": T.S4X2, "b_type": T.S8, "m": 16, "n": 5, "k": 67,
+         "m_layout": Layout.CUBE_M16},
+        {"a_type": T.U16, "b_type": T.U4X2, "m": 1, "n": 9, "k": 45, "m_layout": Layout.CUBE_M16},
+        {"a_type": T.S16, "b_type": T.S16, "m": 23, "n": 4, "k": 3, "m_layout": Layout.CUBE_M32},
+    ]
+    jobs = cases(12, INT, [dict(spec, op=Operation.TMATMUL, mode=0, relu=0, gcode=0,
+                                row_max=False) for spec in specs])
+    runs = check(INT, jobs)
+    for spec, (state, plan), run in zip(specs, jobs, runs):
+        words = _operand_words(spec["m_layout"], plan.a_type, plan.m, plan.k) + \
+            _operand_words(Layout.CUBE_N8, plan.b_type, plan.k, plan.n)
+        assert run.reads == words * bin(plan.bundle.pe_mask).count("1"), \
+            (plan.m, plan.n, plan.k, run.reads, words)
+
+
+def test_operand_buffers_forms_and_switching():
+    """The buffers with ACC and integer BIAS, an odd array (CUBE_M32 row pairs that straddle
+    block rows), groups of three slots spanning block rows, and runs that alternate between
+    the buffers and the lane path (Shared, TransA/TransB, MX, floating BIAS)."""
+    odd = [{"op": op, "a_type": a, "b_type": b, "m": m, "n": n, "k": k,
+            "m_layout": Layout.CUBE_M32}
+           for op, a, b, m, n, k in ((Operation.TMATMUL, T.S8, T.S8, 20, 5, 70),
+                                     (Operation.TMATMUL_ACC, T.S16, T.S8, 31, 3, 9),
+                                     (Operation.TMATMUL_BIAS, T.S4X2, T.S4X2, 7, 4, 65))]
+    check(ODD, cases(13, ODD, odd), latency=2)
+    full = [
+        {"op": Operation.TMATMUL, "a_type": T.FP16, "b_type": T.FP16, "m": 7, "n": 2,
+         "k": 40},
+        {"op": Operation.TMATMUL_ACC, "a_type": T.BF16, "b_type": T.BF16, "m": 5, "n": 5,
+         "k": 50, "mask": 0b0110},
+        {"op": Operation.TMATMUL, "shared": "both", "trans_a": True, "trans_b": False,
+         "max_mnk": (4, 4, 32)},
+        {"op": Operation.TMATMUL, "a_type": T.FP32, "b_type": T.FP32, "m": 3, "n": 7,
+         "k": 5},
+        {"op": Operation.TMATMUL, "shared": "right", "trans_b": True, "max_mnk": (4, 4, 32)},
+        {"op": Operation.TMATMUL, "a_type": T.E2M1X2, "b_type": T.E4M3, "m": 4, "n": 3,
+         "k": 37, "m_layout": Layout.CUBE_M16},
+        {"op": Operation.TMATMUL_BIAS, "a_type": T.FP16, "b_type": T.FP16, "m": 3, "n": 3,
+         "k": 9},
+        {"op": Operation.TMATMUL_MX, "a_type": T.E4M3, "b_type": T.E5M2, "m": 3, "n": 3,
+         "k": 33},
+        {"op": Operation.TMATMUL_ACC, "a_type": T.S8, "b_type": T.S8, "m": 1, "n": 6,
+         "k": 64},
+    ]
+    check(FULL, cases(14, FULL, full))
 
 
 @pytest.mark.slow

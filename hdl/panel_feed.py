@@ -1,0 +1,363 @@
+"""The buffered operand feed of the CUBE engine: A and B read once per PE, reused from RAM.
+
+:class:`PanelFeed` produces the same beats as :class:`~ptocube.hdl.operand_feed.OperandFeed`
+(a null group, the real groups k-major and slot-minor, a null group) for runs whose A and B
+are Local CUBE tiles without MX scales or a floating Bias term (:func:`panel_feed_usable`).
+Instead of re-reading payload words for every block, it copies each operand word from the
+tile store once into one of two block RAMs and feeds every block from there:
+
+* **A buffer**: one entry per (output row, 64-bit word along K) - R lanes of 64 bits, lane
+  i holding the rows ``i mod R``; entry ``p * wpr + e`` holds block row p's word e (K
+  elements ``e * 64/w`` ...), ``wpr`` = words per row.  A CUBE_M16 row slice is a whole
+  word; two CUBE_M32 row slices (CELLs 2e and 2e + 1) share one entry, and one store word
+  (two rows of one CELL) fills two lanes at once (32-bit write granularity).
+* **B buffer**: C lanes, lane j holding the columns ``j mod C``; entry ``q * wpc + e`` holds
+  block column q's word e of its CUBE_N8 column (``wpc`` words per column).
+
+Both buffers hold the whole operand, so they are filled exactly once per run, in the order
+of first use: walking the blocks row-major, A panel p when its block row starts, B panel q
+during the first block row, word column by word column (block (0, 0) alternates its A and B
+word columns by the k they cover).  Entries are filled in increasing address order, so a
+beat may read an entry as soon as the fill's completed-entry count is above it (per
+buffer): the first block row streams behind the fill, the later ones run from the buffers
+at one beat per cycle.  Beats leave through a one-stage pipeline whose register matches the buffers'
+synchronous read ports (block RAM).  ``docs/hdl-cube.md`` section 3 gives the figures.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.lib import fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
+from .cell_address import extract, n8_column_cells
+from .config import CubeConfig
+from .cube_run import RunLayout, block_walker
+from .read_arbiter import ReadReqLayout, ReadRspLayout
+
+__all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
+
+#: Reads of the fill that may be outstanding (the read arbiter allows 4).
+_FILL_DEPTH = 8
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _operand_bytes(config: CubeConfig) -> int:
+    """The largest Local operand of the build: it fits one PE's memory and one register."""
+    return min(config.tile_bytes_per_pe, LOCAL_MAX_CAPACITY_BYTES)
+
+
+def a_buffer_depth(config: CubeConfig) -> int:
+    """Entries of the A buffer: ceil(rows/R) block rows x words per row, for the largest A.
+
+    A CUBE_M16 A of T bytes has at most T/128 CELLs along K (one word per row each) and 16
+    rows; a CUBE_M32 one at most ceil(T/256) entries per row (two CELLs each) and 32 rows.
+    """
+    t = _operand_bytes(config)
+    return max(_ceil_div(16, config.rows) * (t // 128),
+               _ceil_div(32, config.rows) * _ceil_div(t, 256))
+
+
+def b_buffer_depth(config: CubeConfig) -> int:
+    """Entries of the B buffer: ceil(N/C) block columns x words per column, for the largest B.
+
+    A CUBE_N8 B of T bytes has ceil(N/8) x K_repeat <= T/128 CELLs and at most 2 K_repeat
+    words per column; ceil(N/C) <= ceil(N/8) x ceil(8/C).
+    """
+    return _ceil_div(8, config.cols) * (_operand_bytes(config) // 64)
+
+
+def panel_feed_usable(run) -> Value:
+    """Whether :class:`PanelFeed` can run ``run`` (a :func:`RunLayout` view): Local A and B
+    (CUBE layouts), no MX scales, no floating Bias term."""
+    return ~run.a_shared & ~run.b_shared & ~run.a_scaled & ~run.b_scaled & ~run.float_bias
+
+
+def _ceil_words(k: Value, shift: Value) -> Value:
+    """ceil(k / 2**shift)."""
+    return ((k + ((Const(1, 1) << shift) - 1)[:16]) >> shift)[:16]
+
+
+class PanelFeed(wiring.Component):
+    """Beats for one PE's run from the A and B buffers (see the module docstring).
+
+    Parameters
+    ----------
+    config : CubeConfig
+    feed_shape : the array's feed payload layout; ``slots`` : the array's L;
+    has_scale : the payload carries MX scales (sent disabled).
+
+    Members
+    -------
+    run : In(RunLayout(config))
+        The PE's run context (``panel_feed_usable(run)`` must hold), still from ``start`` to
+        ``done``.
+    start : In(1)
+        Begin a run (strobe, while idle).
+    done : Out(1)
+        High while idle (after reset, and once the run's last beat is taken).
+    feed : Out(stream.Signature(feed_shape))
+    rd : Out(stream.Signature(ReadReqLayout)), rsp : In(ReadRspLayout)
+        The buffer fill's payload reads (through the engine's read arbiter).
+    """
+
+    def __init__(self, config: CubeConfig, feed_shape, slots: int, has_scale: bool):
+        self.config = config
+        self.slots = slots
+        self.has_scale = has_scale
+        super().__init__({
+            "run": In(RunLayout(config)),
+            "start": In(1), "done": Out(1),
+            "feed": Out(stream.Signature(feed_shape)),
+            "rd": Out(stream.Signature(ReadReqLayout(config))),
+            "rsp": In(ReadRspLayout),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, run, beat = self.config, self.run, self.feed.payload
+        rows, cols, slots = cfg.rows, cfg.cols, self.slots
+
+        m.submodules.a_mem = a_mem = Memory(shape=64 * rows, depth=a_buffer_depth(cfg),
+                                            init=[])
+        m.submodules.b_mem = b_mem = Memory(shape=64 * cols, depth=b_buffer_depth(cfg),
+                                            init=[])
+        a_wr, a_rd = a_mem.write_port(granularity=32), a_mem.read_port()
+        b_wr, b_rd = b_mem.write_port(granularity=64), b_mem.read_port()
+        a_aw, b_aw = len(a_rd.addr), len(b_rd.addr)
+
+        # Words per A row / B column: K elements of 2**log2w bits, 64 bits per word.
+        a_shift = (6 - run.a_log2w)[:3]
+        b_shift = (6 - run.b_log2w)[:3]
+        wpr, wpc = Signal(16), Signal(16)
+        a_cells32 = Signal(16)             # CUBE_M32 CELLs along K
+        m.d.comb += [wpr.eq(_ceil_words(run.k, a_shift)), wpc.eq(_ceil_words(run.k, b_shift)),
+                     a_cells32.eq(_ceil_words(run.k, (5 - run.a_log2w)[:3]))]
+
+        # Entries of each buffer written so far, in fill (= address) order.
+        a_complete = Signal(a_aw + 1)
+        b_complete = Signal(b_aw + 1)
+
+        # ------------------------------------------------------------------
+        # Fill: blocks row-major; A panel at each block row's start, B panels in row 0
+        # ------------------------------------------------------------------
+        f_restart, f_step = Signal(), Signal()
+        (f_block,), f_walk_done = block_walker(m, "pfill", rows, cols, 1, run.m, run.n,
+                                               f_restart, f_step, strides=(wpr, wpc))
+        f_row0, f_col0, _, f_abase, f_bbase = f_block
+        fea, feb = Signal(16), Signal(16)           # next word along K of A / of B
+        a_left, b_left = Signal(), Signal()         # the block still fills A / B
+        fi = Signal(range(max(rows, cols) + 2))
+        fh = Signal()
+        f_is_b = Signal()
+        f_active = Signal()
+
+        dest_bank_bits = max(1, (max(rows, cols) - 1).bit_length())
+        # Destination of each outstanding read: buffer, lane, CUBE_M32 row parity / upper
+        # row / CELL half, entry, and whether it completes its entry.
+        dest_fields = [("is_b", 1), ("bank", dest_bank_bits), ("odd", 1), ("upper", 1),
+                       ("half", 1), ("entry", max(a_aw, b_aw)), ("last", 1)]
+        m.submodules.dests = dests = fifo.SyncFIFO(
+            width=sum(w for _, w in dest_fields), depth=_FILL_DEPTH)
+
+        row = (f_row0 + fi)[:16]
+        col = (f_col0 + fi)[:16]
+        # CUBE_M32: one store word holds rows 2p and 2p + 1 of one CELL; an odd row starts a
+        # panel only when R is odd, and then only its upper half is this panel's.
+        a_next_i = Mux(run.m32, fi + 2 - row[0], fi + 1)
+        rows_end = (a_next_i >= rows) | (f_row0 + a_next_i >= run.m)
+        second_half = run.m32 & (fh == 0) & ((fea << 1) + 1 < a_cells32)
+        a_last = rows_end & ~second_half
+        a_upper = (fi + 1 - row[0] < rows) & ((row | 1) < run.m)
+        a_cell = Mux(run.m32, (fea << 1) | fh, fea)
+        a_addr = ((run.a.base << 4) + (a_cell << 4) + Mux(run.m32, row >> 1, row))
+        cols_end = (fi + 1 >= cols) | (col + 1 >= run.n)
+        b_cell = n8_column_cells(run.b_k_repeat, col) + (feb >> 1)
+        b_addr = (run.b.base << 4) + (b_cell << 4) + (col[:3] << 1) + feb[0]
+
+        dest = Cat(f_is_b, fi[:dest_bank_bits], row[0], a_upper, fh,
+                   Mux(f_is_b, f_bbase + feb, f_abase + fea)[:max(a_aw, b_aw)],
+                   Mux(f_is_b, cols_end, a_last))
+        m.d.comb += [
+            self.rd.valid.eq(f_active & dests.w_rdy),
+            self.rd.payload.space.eq(Mux(f_is_b, run.b.space.as_value(),
+                                         run.a.space.as_value())),
+            self.rd.payload.addr.eq(Mux(f_is_b, b_addr, a_addr)),
+            self.rd.payload.tag.eq(0),
+            dests.w_data.eq(dest),
+            dests.w_en.eq(self.rd.valid & self.rd.ready),
+        ]
+        issued = self.rd.valid & self.rd.ready
+        # After a word column of one operand, the next read goes to the operand whose words
+        # cover fewer k so far: a block that starts both an A and a B panel (block (0, 0))
+        # gets them in the order its beats consume them.
+        word_end = Mux(f_is_b, cols_end, a_last)
+        next_fea = fea + ~f_is_b
+        next_feb = feb + f_is_b
+        next_a_left = a_left & ~(~f_is_b & (next_fea == wpr))
+        next_b_left = b_left & ~(f_is_b & (next_feb == wpc))
+        pick_a = next_a_left & (~next_b_left | ((next_fea << a_shift) <= (next_feb << b_shift)))
+
+        fill_idle = Signal()
+        with m.FSM(name="fill"):
+            with m.State("IDLE"):
+                m.d.comb += fill_idle.eq(1)
+                with m.If(self.start):
+                    m.d.comb += f_restart.eq(1)
+                    m.next = "BLOCK"
+            with m.State("BLOCK"):
+                with m.If(f_walk_done):
+                    m.next = "IDLE"
+                with m.Elif((f_col0 == 0) | (f_row0 == 0)):
+                    m.d.sync += [fea.eq(0), feb.eq(0), fi.eq(0), fh.eq(0),
+                                 a_left.eq(f_col0 == 0), b_left.eq(f_row0 == 0),
+                                 f_is_b.eq(f_col0 != 0)]
+                    m.next = "READ"
+                with m.Else():
+                    m.d.comb += f_step.eq(1)
+            with m.State("READ"):
+                m.d.comb += f_active.eq(1)
+                with m.If(issued):
+                    with m.If(f_is_b):
+                        m.d.sync += fi.eq(Mux(cols_end, 0, fi + 1))
+                    with m.Elif(~rows_end):
+                        m.d.sync += fi.eq(a_next_i)
+                    with m.Elif(second_half):
+                        m.d.sync += [fi.eq(0), fh.eq(1)]
+                    with m.If(word_end):
+                        m.d.sync += [fi.eq(0), fh.eq(0), fea.eq(next_fea), feb.eq(next_feb),
+                                     a_left.eq(next_a_left), b_left.eq(next_b_left),
+                                     f_is_b.eq(~pick_a)]
+                        with m.If(~next_a_left & ~next_b_left):
+                            m.d.comb += f_step.eq(1)
+                            m.next = "BLOCK"
+
+        # Responses: write the lane(s) of the entry; count completed entries.
+        got = Signal.like(dests.r_data)
+        m.d.comb += [got.eq(dests.r_data), dests.r_en.eq(self.rsp.valid)]
+        fields, offset = {}, 0
+        for name, width in dest_fields:
+            fields[name] = got[offset:offset + width]
+            offset += width
+        word = self.rsp.data
+        lo, hi = word[:32], word[32:]
+        a_en, a_data = [], []
+        for x in range(rows):
+            is_lo = ~fields["odd"] & (fields["bank"] == x)
+            is_hi = ((fields["odd"] & (fields["bank"] == x))
+                     | (~fields["odd"] & fields["upper"] & (fields["bank"] + 1 == x)))
+            half_en = Mux(fields["half"], 0b10, 0b01)
+            a_en.append(Mux(run.m32, Mux(is_lo | is_hi, half_en, 0),
+                            Mux(fields["bank"] == x, 0b11, 0)))
+            half = Mux(is_lo, lo, hi)
+            a_data.append(Mux(run.m32, Cat(half, half), word))
+        write = self.rsp.valid
+        m.d.comb += [
+            a_wr.addr.eq(fields["entry"]), a_wr.data.eq(Cat(*a_data)),
+            a_wr.en.eq(Mux(write & ~fields["is_b"], Cat(*a_en), 0)),
+            b_wr.addr.eq(fields["entry"]), b_wr.data.eq(Cat(*([word] * cols))),
+            b_wr.en.eq(Mux(write & fields["is_b"], 1 << fields["bank"], 0)),
+        ]
+        with m.If(write & fields["last"]):
+            with m.If(fields["is_b"]):
+                m.d.sync += b_complete.eq(fields["entry"] + 1)
+            with m.Else():
+                m.d.sync += a_complete.eq(fields["entry"] + 1)
+        with m.If(self.start):
+            m.d.sync += [a_complete.eq(0), b_complete.eq(0)]
+
+        # ------------------------------------------------------------------
+        # Beats: a null group, the real groups, a null group
+        # ------------------------------------------------------------------
+        k = Signal(16)
+        s = Signal(range(max(2, slots)))
+        restart, step_group = Signal(), Signal()
+        blocks, walk_done = block_walker(m, "pbeat", rows, cols, slots, run.m, run.n,
+                                         restart, step_group, strides=(wpr, wpc))
+        row0, col0, used = Signal(16), Signal(16), Signal()
+        a_base, b_base = Signal(16), Signal(16)
+        for index, (r, c, u, rb, cb) in enumerate(blocks):
+            with m.If(s == index):
+                m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u), a_base.eq(rb),
+                             b_base.eq(cb)]
+        a_entry = (a_base + (k >> a_shift))[:a_aw + 1]
+        b_entry = (b_base + (k >> b_shift))[:b_aw + 1]
+        present = (a_entry < a_complete) & (b_entry < b_complete)
+        last_term = k + 1 == run.k
+
+        k_low = k[:4]
+        swapped = Cat(k_low[:2], k_low[3], k_low[2])
+        a_index = Mux(~run.m32 & (run.a_log2w == 2), swapped,
+                      k & ((Const(1, 1) << a_shift) - 1)[:6])
+        a_off = (a_index << run.a_log2w)[:6]
+        b_off = ((k & ((Const(1, 1) << b_shift) - 1)[:6]) << run.b_log2w)[:6]
+
+        want, null, first = Signal(), Signal(), Signal()
+        taken = self.feed.valid & self.feed.ready
+        advance = want & (~self.feed.valid | taken)
+        next_slot = Signal()
+        with m.If(next_slot):
+            m.d.sync += s.eq(Mux(s == slots - 1, 0, s + 1))
+
+        with m.FSM(name="beats"):
+            with m.State("IDLE"):
+                m.d.comb += self.done.eq(~self.feed.valid & fill_idle)
+                with m.If(self.start):
+                    m.d.comb += restart.eq(1)
+                    m.d.sync += [s.eq(0), k.eq(0)]
+                    m.next = "NULL_FIRST"
+            with m.State("NULL_FIRST"):
+                m.d.comb += [want.eq(1), null.eq(1), first.eq(1), next_slot.eq(advance)]
+                with m.If(advance & (s == slots - 1)):
+                    m.next = "REAL"
+            with m.State("REAL"):
+                with m.If(walk_done):
+                    m.next = "NULL_LAST"
+                with m.Elif(~used & (k != 0)):
+                    m.d.comb += next_slot.eq(1)        # no beat: the slot has no block
+                with m.Else():
+                    m.d.comb += [want.eq(~used | present), null.eq(~used),
+                                 first.eq(k == 0), next_slot.eq(advance)]
+                with m.If(next_slot & (s == slots - 1)):
+                    m.d.sync += k.eq(Mux(last_term, 0, k + 1))
+                    m.d.comb += step_group.eq(last_term)
+            with m.State("NULL_LAST"):
+                m.d.comb += [want.eq(1), null.eq(1), first.eq(1), next_slot.eq(advance)]
+                with m.If(advance & (s == slots - 1)):
+                    m.next = "IDLE"
+
+        # Output stage: its register and the buffers' read ports advance together.
+        out_slot = Signal.like(beat.slot)
+        out_first, out_null = Signal(), Signal()
+        out_a_off, out_b_off = Signal(6), Signal(6)
+        row_ok = Signal(rows)
+        col_ok = Signal(cols)
+        m.d.comb += [a_rd.addr.eq(a_entry), a_rd.en.eq(advance),
+                     b_rd.addr.eq(b_entry), b_rd.en.eq(advance)]
+        with m.If(advance):
+            m.d.sync += [
+                self.feed.valid.eq(1), out_slot.eq(s), out_first.eq(first),
+                out_null.eq(null), out_a_off.eq(a_off), out_b_off.eq(b_off),
+                row_ok.eq(Mux(null, 0, Cat(*(row0 + i < run.m for i in range(rows))))),
+                col_ok.eq(Mux(null, 0, Cat(*(col0 + j < run.n for j in range(cols))))),
+            ]
+        with m.Elif(taken):
+            m.d.sync += self.feed.valid.eq(0)
+
+        for i in range(rows):
+            lane = a_rd.data[64 * i:64 * (i + 1)]
+            m.d.comb += beat.a[i].eq(Mux(row_ok[i], extract(lane, out_a_off, run.a_log2w, 32),
+                                         0))
+        for j in range(cols):
+            lane = b_rd.data[64 * j:64 * (j + 1)]
+            m.d.comb += beat.b[j].eq(Mux(col_ok[j], extract(lane, out_b_off, run.b_log2w, 32),
+                                         0))
+        m.d.comb += [beat.a_type.eq(run.a_type), beat.b_type.eq(run.b_type),
+                     beat.slot.eq(out_slot), beat.first.eq(out_first),
+                     beat.load.eq(run.acc | run.int_bias), beat.null.eq(out_null)]
+        if self.has_scale:
+            m.d.comb += [beat.a_scale_en.eq(0), beat.b_scale_en.eq(0)]
+        return m
