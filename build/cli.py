@@ -5,6 +5,8 @@
 * ``synth --board NAME [--preset NAME] [--design unit|systolic|decoder]``: the design alone
   (behind :class:`~ptocube.build.pnr.PinLightWrapper`) placed and routed on the board's FPGA:
   resources as a share of the device and post-route Fmax, as a table and as JSON.
+* ``synth --breakdown --preset NAME --family ecp5|ice40 [--parts P,...]``: every component of
+  the unit synthesized and packed on its own (:mod:`~ptocube.build.breakdown`), as a table.
 * ``verilog --preset NAME -o FILE.v``: the unit's Verilog.
 """
 
@@ -36,8 +38,8 @@ def design(name: str, config):
     raise ValueError(f"unknown design {name!r}; known designs: {', '.join(DESIGNS)}")
 
 
-def _board_arguments(parser):
-    parser.add_argument("--board", required=True, choices=sorted(BOARDS),
+def _board_arguments(parser, board_required=True):
+    parser.add_argument("--board", required=board_required, choices=sorted(BOARDS),
                         help="target board")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="configuration preset (default: the board's)")
@@ -76,7 +78,8 @@ def run_build(args) -> int:
 
 def add_synth_arguments(parser):
     """Arguments of ``ptocube synth``."""
-    _board_arguments(parser)
+    # --breakdown needs a preset and a family, not a board.
+    _board_arguments(parser, board_required=False)
     parser.add_argument("--design", choices=DESIGNS, default="unit",
                         help="what to place and route (default: the whole unit)")
     parser.add_argument("--freq", type=float,
@@ -85,11 +88,25 @@ def add_synth_arguments(parser):
                                       "(default build/out/BOARD/)")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON instead of the table")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="synthesize each component of the unit on its own (no place and "
+                             "route) and print resources per component")
+    parser.add_argument("--family", choices=("ecp5", "ice40"),
+                        help="FPGA family of --breakdown (default: the board's)")
+    parser.add_argument("--parts", help="--breakdown: comma-separated part paths to measure "
+                                        "(e.g. decoder,cube.array); others are reported from "
+                                        "the cache when there")
 
 
 def run_synth(args) -> int:
     """Place and route a design on the board's FPGA and report resources and Fmax."""
     from .pnr import place_and_route
+    if args.breakdown:
+        return _run_breakdown(args)
+    if args.board is None:
+        print("error: synth needs --board (or --breakdown with --preset and --family)",
+              file=sys.stderr)
+        return 2
     brd = board(args.board)
     name = args.preset or brd.preset
     freq = args.freq or brd.clock_hz / 1e6
@@ -107,6 +124,31 @@ def run_synth(args) -> int:
               f"({result.seconds:.1f} s; JSON: {json_path})")
         print(result.table())
     return 0
+
+
+def _run_breakdown(args) -> int:
+    from .breakdown import unit_breakdown
+    brd = board(args.board) if args.board else None
+    name = args.preset or (brd.preset if brd else None)
+    family = args.family or (brd.device.family if brd else None)
+    if name is None or family is None:
+        print("error: synth --breakdown needs --preset and --family (or --board)",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path("build") / "out" / "breakdown" / f"{name}-{family}"
+    select = [p.strip() for p in args.parts.split(",") if p.strip()] if args.parts else None
+
+    def progress(figures):
+        print(f"  {figures.path}: {figures.resources()} ({figures.seconds:.0f} s)",
+              file=sys.stderr, flush=True)
+    try:
+        result = unit_breakdown(name, family, out, select=select, progress=progress)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    (out / "breakdown.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
+    return 1 if result.failed else 0
 
 
 def add_verilog_arguments(parser):

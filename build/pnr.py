@@ -18,6 +18,7 @@ through registers, so the reported Fmax is that of the core's register-to-regist
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -246,14 +247,31 @@ def _design_source(design, workdir: Path, top_name: str) -> str:
         suffix = path.suffix.lower()
         if suffix not in (".v", ".sv", ".il"):
             raise ValueError(f"design file must be Verilog (.v/.sv) or RTLIL (.il), not {path}")
-        shutil.copy(path, workdir / f"{top_name}{suffix}")
+        if suffix == ".il":
+            (workdir / f"{top_name}.il").write_text(without_brackets(path.read_text()))
+        else:
+            shutil.copy(path, workdir / f"{top_name}{suffix}")
         reader = {".v": "read_verilog", ".sv": "read_verilog -sv", ".il": "read_rtlil"}[suffix]
         return f"{reader} {top_name}{suffix}"
     if not isinstance(design, Elaboratable):
         raise TypeError(f"design must be an Elaboratable or a .v/.il path, not {design!r}")
     from amaranth.back import rtlil
-    (workdir / f"{top_name}.il").write_text(rtlil.convert(design, name=top_name))
+    (workdir / f"{top_name}.il").write_text(without_brackets(rtlil.convert(design, name=top_name)))
     return f"read_rtlil {top_name}.il"
+
+
+def without_brackets(rtlil_text: str) -> str:
+    """RTLIL with ``[`` and ``]`` inside identifiers replaced by ``_``.
+
+    yosys issue 4349: reading ABC9's result back, yosys takes a wire ``x[0]`` for bit 0 of a
+    wire ``x``. Amaranth names the fields of an ``ArrayLayout`` signal ``x[0]`` next to ``x``,
+    so the whole CubeUnit (and its tile store and CUBE engine alone) stopped in ABC9's
+    reintegration with ``Assert `GetSize(conn.first) == GetSize(conn.second)' failed``.
+    Without brackets no wire can be mistaken for a bit of another; the netlist is otherwise
+    unchanged (decision F16).
+    """
+    return re.sub(r"\\\S+", lambda m: m.group(0).replace("[", "_").replace("]", "_"),
+                  rtlil_text)
 
 
 def cell_counts(stat_json: dict) -> dict:

@@ -31,6 +31,8 @@ BENCHMARKS = {
         ("ptocube.sim.bench_verilator", "bench_unit_verilator"),
     "FPGA: resources and post-route Fmax per board":
         ("ptocube.build.cli", "bench_fpga"),
+    "FPGA: resources by component (ice40-tiny on iCE40, ecp5-int8 and ecp5-full on ECP5)":
+        ("ptocube.build.breakdown", "bench_breakdown"),
 }
 
 

