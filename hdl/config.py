@@ -61,10 +61,12 @@ PRESETS = {
     # Integer-only 8x8 array for the ECP5-85F, using its DSP multipliers.
     "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
-    # All type classes on a smaller array that fits the ECP5-85F.
-    "ecp5-full": CubeConfig(rows=4, cols=4, tile_bytes_per_pe=16 * 1024,
+    # All type classes on a 2x2 array for the ECP5-85F: one full-type PE takes about
+    # 2,800 logic cells, so a 4x4 array alone would fill 54 % of the device (docs/fpga.md).
+    "ecp5-full": CubeConfig(rows=2, cols=2, tile_bytes_per_pe=16 * 1024,
                             shared_bytes=16 * 1024),
-    # Integer-only 2x2 array that fits the iCE40 UP5K.
+    # Integer-only 2x2 array, the smallest build, meant for the iCE40 UP5K; the whole unit
+    # does not fit that device yet (docs/fpga.md, "Breakdown by component").
     "ice40-tiny": CubeConfig(rows=2, cols=2, float_types=False, mx_types=False,
                              tile_bytes_per_pe=2 * 1024, shared_bytes=2 * 1024),
 }

@@ -8,13 +8,13 @@ order in which the engine visits output blocks; the operand feed, the fill sourc
 result path each run their own copy of it, one group apart.
 """
 
-from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.hdl import Const, Module, Mux, Signal, Value
 from amaranth.lib import data
 
 from .config import CubeConfig
 from .tile_port import MemSpace, cell_addr_width
 
-__all__ = ["OperandInfo", "RunLayout", "block_walker", "select_block"]
+__all__ = ["OperandInfo", "RunLayout", "block_walker", "column_outer", "select_block"]
 
 
 def OperandInfo(config: CubeConfig) -> data.StructLayout:
@@ -53,12 +53,20 @@ def RunLayout(config: CubeConfig) -> data.StructLayout:
     })
 
 
+def column_outer(cols: int, m_dim, n_dim) -> Value:
+    """Whether :func:`block_walker` visits block columns outer: when N > M (B's words
+    exceed A's for equal element widths, decision C14) on an array with an even number of
+    columns (so that a 4-bit D byte never spans two block columns)."""
+    return Const(0, 1) if cols % 2 else (n_dim > m_dim)
+
+
 def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, n_dim,
                  restart, step, strides=None) -> tuple[list, Signal]:
     """Output blocks of the current group, and whether the walk is past the last group.
 
     Blocks of ``rows`` x ``cols`` outputs are visited row-major ((0, 0), (0, C), ...,
-    (R, 0), ...), ``slots`` per group.  ``restart`` goes back to the first group, ``step``
+    (R, 0), ...) or, when :func:`column_outer` holds, column-major ((0, 0), (R, 0), ...,
+    (0, C), ...), ``slots`` per group.  ``restart`` goes back to the first group, ``step``
     to the next.  Returns, per slot, ``(row0, col0, used)`` - the block's first output row
     and column and whether the slot has a block - and ``done`` (no block left: the group
     after the last).  With ``strides = (row_stride, col_stride)`` each slot also carries
@@ -66,6 +74,8 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
     column index times ``col_stride`` (the operand buffers' entry bases, kept as running
     sums so that no multiplier is needed).
     """
+    col_outer = Signal(name=f"{name}_col_outer")
+    m.d.comb += col_outer.eq(column_outer(cols, m_dim, n_dim))
     row0 = Signal(16, name=f"{name}_row0")
     col0 = Signal(16, name=f"{name}_col0")
     if strides is not None:
@@ -76,16 +86,23 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
         row_stride = col_stride = row_base = col_base = Const(0, 16)
 
     def advance(r, c, rb, cb):
-        wrap = c + cols >= n_dim
-        return (Mux(wrap, r + rows, r)[:16], Mux(wrap, 0, c + cols)[:16],
-                Mux(wrap, rb + row_stride, rb)[:16], Mux(wrap, 0, cb + col_stride)[:16])
+        # The inner index steps; at its end it wraps to 0 and the outer one steps.
+        wrap = Mux(col_outer, r + rows >= m_dim, c + cols >= n_dim)
+        step_r = Mux(col_outer, ~wrap, wrap)
+        step_c = ~step_r
+        reset_r = col_outer & wrap
+        reset_c = ~col_outer & wrap
+        return (Mux(reset_r, 0, Mux(step_r, r + rows, r))[:16],
+                Mux(reset_c, 0, Mux(step_c, c + cols, c))[:16],
+                Mux(reset_r, 0, Mux(step_r, rb + row_stride, rb))[:16],
+                Mux(reset_c, 0, Mux(step_c, cb + col_stride, cb))[:16])
 
     slot_blocks = []
     r, c, rb, cb = row0, col0, row_base, col_base
     for s in range(slots):
         if s:
             r, c, rb, cb = advance(r, c, rb, cb)
-        block = (r, c, r < m_dim)
+        block = (r, c, Mux(col_outer, c < n_dim, r < m_dim))
         slot_blocks.append(block + (rb, cb) if strides is not None else block)
     next_r, next_c, next_rb, next_cb = advance(r, c, rb, cb)
     with m.If(restart):
@@ -97,7 +114,7 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
         if strides is not None:
             m.d.sync += [row_base.eq(next_rb), col_base.eq(next_cb)]
     done = Signal(name=f"{name}_done")
-    m.d.comb += done.eq(row0 >= m_dim)
+    m.d.comb += done.eq(Mux(col_outer, col0 >= n_dim, row0 >= m_dim))
     return slot_blocks, done
 
 

@@ -7,21 +7,32 @@ Instead of re-reading payload words for every block, it copies each operand word
 tile store once into one of two block RAMs and feeds every block from there:
 
 * **A buffer**: one entry per (output row, 64-bit word along K) - R lanes of 64 bits, lane
-  i holding the rows ``i mod R``; entry ``p * wpr + e`` holds block row p's word e (K
-  elements ``e * 64/w`` ...), ``wpr`` = words per row.  A CUBE_M16 row slice is a whole
-  word; two CUBE_M32 row slices (CELLs 2e and 2e + 1) share one entry, and one store word
-  (two rows of one CELL) fills two lanes at once (32-bit write granularity).
+  i holding the rows ``i mod R``; row-major walks put block row p's word e (K elements
+  ``e * 64/w`` ...) at entry ``p * wpr + e`` (``wpr`` = words per row), column-outer walks
+  at ``p + e * P`` (P block rows).  A CUBE_M16 row slice is a whole word; two CUBE_M32 row
+  slices (CELLs 2e and 2e + 1) share one entry, and one store word (two rows of one CELL)
+  fills two lanes at once (32-bit write granularity).
 * **B buffer**: C lanes, lane j holding the columns ``j mod C``; entry ``q * wpc + e`` holds
   block column q's word e of its CUBE_N8 column (``wpc`` words per column).
 
 Both buffers hold the whole operand, so they are filled exactly once per run, in the order
-of first use: walking the blocks row-major, A panel p when its block row starts, B panel q
-during the first block row, word column by word column (block (0, 0) alternates its A and B
-word columns by the k they cover).  Entries are filled in increasing address order, so a
-beat may read an entry as soon as the fill's completed-entry count is above it (per
-buffer): the first block row streams behind the fill, the later ones run from the buffers
-at one beat per cycle.  Beats leave through a one-stage pipeline whose register matches the buffers'
-synchronous read ports (block RAM).  ``docs/hdl-cube.md`` section 3 gives the figures.
+of first use, word column by word column, A and B word columns alternating by the k they
+cover:
+
+* **row-major** (:func:`~ptocube.hdl.cube_run.block_walker`): A panel p when block row p
+  starts, B panel q during the first block row; A and B entries then complete in address
+  order and one completed-entry count per buffer says what a beat may read;
+* **block columns outer**: the first column's groups of L blocks in turn (*phases*): each
+  phase fills its A panels word column by word column across the panels, together with
+  the B panels its group needs (B0 with the first, B1 with the last when P is not a
+  multiple of L); the later B panels when their column starts.  B entries still complete
+  in address order; for A, the panels below the current phase are whole and the phase's
+  panels hold their first ``a_cols`` words.
+
+So every group streams behind exactly the reads it needs, and the later groups run from the
+buffers at one beat per cycle.  Beats leave through a one-stage pipeline whose register
+matches the buffers' synchronous read ports (block RAM).  ``docs/hdl-cube.md`` section 3
+gives the figures.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
@@ -32,7 +43,7 @@ from amaranth.lib.wiring import In, Out
 from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker
+from .cube_run import RunLayout, block_walker, column_outer
 from .read_arbiter import ReadReqLayout, ReadRspLayout
 
 __all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
@@ -141,14 +152,37 @@ class PanelFeed(wiring.Component):
         a_complete = Signal(a_aw + 1)
         b_complete = Signal(b_aw + 1)
 
+        # Block columns outer (decision C14): A entry p + e * P (P block rows): a phase's
+        # panels' word e are neighbours, and the beats' e * P is one running sum (C12).
+        col_outer = Signal()
+        panels = Signal(range(33))
+        m.d.comb += col_outer.eq(column_outer(cols, run.m, run.n))
+        with m.Switch(run.m):
+            for rows_m in range(1, 33):
+                with m.Case(rows_m):
+                    m.d.comb += panels.eq(_ceil_div(rows_m, rows))
+
         # ------------------------------------------------------------------
         # Fill: blocks row-major; A panel at each block row's start, B panels in row 0
         # ------------------------------------------------------------------
         f_restart, f_step = Signal(), Signal()
         (f_block,), f_walk_done = block_walker(m, "pfill", rows, cols, 1, run.m, run.n,
                                                f_restart, f_step, strides=(wpr, wpc))
-        f_row0, f_col0, _, f_abase, f_bbase = f_block
+        f_row0, f_col0, _, _, f_bbase = f_block
         fea, feb = Signal(16), Signal(16)           # next word along K of A / of B
+        a_row0 = Signal(16)                         # first row of the A panel being filled
+        fa_entry = Signal(16)                       # row-major: next A entry (entry order)
+        # Block columns outer: A is filled in phases of L block rows (the first column's
+        # groups), each word column by word column across its panels.
+        phase_row0 = Signal(16)                     # first row of the phase
+        phase_p = Signal(16)                        # its first panel
+        fpp = Signal(range(max(2, slots)))          # panel within the phase
+        fa_eofs = Signal(16)                        # fea x P
+        # The B panel being filled (column, entry base); column-outer: its first block's
+        # index in the walk (q x P) and the blocks of the groups the A phases cover so far
+        # (the B panels those groups need are filled with the phase).
+        b_col0, b_ebase, b_qblk, ph_end = Signal(16), Signal(16), Signal(16), Signal(16)
+        b_done_col = Signal(16)                     # columns below are in the B buffer
         a_left, b_left = Signal(), Signal()         # the block still fills A / B
         fi = Signal(range(max(rows, cols) + 2))
         fh = Signal()
@@ -160,17 +194,17 @@ class PanelFeed(wiring.Component):
         # row / CELL half, entry, and whether it completes its entry.
         dest_fields = [("is_b", 1), ("bank", dest_bank_bits), ("odd", 1), ("upper", 1),
                        ("half", 1), ("entry", max(a_aw, b_aw)), ("last", 1)]
-        m.submodules.dests = dests = fifo.SyncFIFO(
-            width=sum(w for _, w in dest_fields), depth=_FILL_DEPTH)
 
-        row = (f_row0 + fi)[:16]
-        col = (f_col0 + fi)[:16]
+        row = (a_row0 + fi)[:16]
+        col = (b_col0 + fi)[:16]
         # CUBE_M32: one store word holds rows 2p and 2p + 1 of one CELL; an odd row starts a
         # panel only when R is odd, and then only its upper half is this panel's.
         a_next_i = Mux(run.m32, fi + 2 - row[0], fi + 1)
-        rows_end = (a_next_i >= rows) | (f_row0 + a_next_i >= run.m)
+        rows_end = (a_next_i >= rows) | (a_row0 + a_next_i >= run.m)
         second_half = run.m32 & (fh == 0) & ((fea << 1) + 1 < a_cells32)
         a_last = rows_end & ~second_half
+        more_panels = col_outer & (a_row0 + rows < run.m) & (fpp != slots - 1)
+        phase_more = col_outer & (phase_row0 + rows * slots < run.m)
         a_upper = (fi + 1 - row[0] < rows) & ((row | 1) < run.m)
         a_cell = Mux(run.m32, (fea << 1) | fh, fea)
         a_addr = ((run.a.base << 4) + (a_cell << 4) + Mux(run.m32, row >> 1, row))
@@ -178,9 +212,15 @@ class PanelFeed(wiring.Component):
         b_cell = n8_column_cells(run.b_k_repeat, col) + (feb >> 1)
         b_addr = (run.b.base << 4) + (b_cell << 4) + (col[:3] << 1) + feb[0]
 
+        a_col_end = ~f_is_b & a_last & ~more_panels         # A word column of the phase
+        a_phase_end = a_col_end & (fea + 1 == wpr)
+        dest_fields += [("col_end", 1), ("phase_end", 1)]
+        m.submodules.dests = dests = fifo.SyncFIFO(
+            width=sum(w for _, w in dest_fields), depth=_FILL_DEPTH)
         dest = Cat(f_is_b, fi[:dest_bank_bits], row[0], a_upper, fh,
-                   Mux(f_is_b, f_bbase + feb, f_abase + fea)[:max(a_aw, b_aw)],
-                   Mux(f_is_b, cols_end, a_last))
+                   Mux(f_is_b, b_ebase + feb,
+                       Mux(col_outer, phase_p + fpp + fa_eofs, fa_entry))[:max(a_aw, b_aw)],
+                   Mux(f_is_b, cols_end, a_last), a_col_end, a_phase_end)
         m.d.comb += [
             self.rd.valid.eq(f_active & dests.w_rdy),
             self.rd.payload.space.eq(Mux(f_is_b, run.b.space.as_value(),
@@ -194,12 +234,17 @@ class PanelFeed(wiring.Component):
         # After a word column of one operand, the next read goes to the operand whose words
         # cover fewer k so far: a block that starts both an A and a B panel (block (0, 0))
         # gets them in the order its beats consume them.
-        word_end = Mux(f_is_b, cols_end, a_last)
-        next_fea = fea + ~f_is_b
-        next_feb = feb + f_is_b
-        next_a_left = a_left & ~(~f_is_b & (next_fea == wpr))
-        next_b_left = b_left & ~(f_is_b & (next_feb == wpc))
-        pick_a = next_a_left & (~next_b_left | ((next_fea << a_shift) <= (next_feb << b_shift)))
+        word_end = Mux(f_is_b, cols_end, a_last & ~more_panels)
+        next_phase = ~f_is_b & (fea + 1 == wpr) & phase_more
+        next_fea = Mux(next_phase, 0, fea + ~f_is_b)
+        b_panel_end = f_is_b & (feb + 1 == wpc)
+        next_feb = Mux(b_panel_end, 0, feb + f_is_b)
+        next_a_left = a_left & ~(~f_is_b & (fea + 1 == wpr) & ~phase_more)
+        b_pending = col_outer & (b_col0 + cols < run.n) & (b_qblk + panels < ph_end)
+        b_phase = col_outer & (b_col0 < run.n) & (b_qblk < ph_end + slots)
+        next_b_left = Mux(b_panel_end, b_pending, b_left | (next_phase & b_phase))
+        pick_a = next_a_left & (~next_b_left | (~next_phase & ((next_fea << a_shift)
+                                                                <= (next_feb << b_shift))))
 
         fill_idle = Signal()
         with m.FSM(name="fill"):
@@ -207,13 +252,19 @@ class PanelFeed(wiring.Component):
                 m.d.comb += fill_idle.eq(1)
                 with m.If(self.start):
                     m.d.comb += f_restart.eq(1)
+                    m.d.sync += [fa_entry.eq(0), b_done_col.eq(0)]
                     m.next = "BLOCK"
             with m.State("BLOCK"):
                 with m.If(f_walk_done):
                     m.next = "IDLE"
-                with m.Elif((f_col0 == 0) | (f_row0 == 0)):
-                    m.d.sync += [fea.eq(0), feb.eq(0), fi.eq(0), fh.eq(0),
-                                 a_left.eq(f_col0 == 0), b_left.eq(f_row0 == 0),
+                with m.Elif((f_row0 == 0) & ((f_col0 == 0) | (f_col0 >= b_done_col))
+                            | ~col_outer & (f_col0 == 0)):
+                    m.d.sync += [fea.eq(0), feb.eq(0), fi.eq(0), fh.eq(0), a_row0.eq(f_row0),
+                                 phase_row0.eq(0), phase_p.eq(0), fpp.eq(0), fa_eofs.eq(0),
+                                 b_col0.eq(f_col0), b_ebase.eq(f_bbase), b_qblk.eq(0),
+                                 ph_end.eq(Mux(f_col0 == 0, slots, 0)),
+                                 a_left.eq(f_col0 == 0),
+                                 b_left.eq((f_row0 == 0) & (f_col0 >= b_done_col)),
                                  f_is_b.eq(f_col0 != 0)]
                     m.next = "READ"
                 with m.Else():
@@ -227,10 +278,27 @@ class PanelFeed(wiring.Component):
                         m.d.sync += fi.eq(a_next_i)
                     with m.Elif(second_half):
                         m.d.sync += [fi.eq(0), fh.eq(1)]
+                    with m.Elif(more_panels):
+                        m.d.sync += [fi.eq(0), fh.eq(0), a_row0.eq(a_row0 + rows),
+                                     fpp.eq(fpp + 1)]
+                    with m.If(~f_is_b & a_last):
+                        m.d.sync += fa_entry.eq(fa_entry + 1)
                     with m.If(word_end):
                         m.d.sync += [fi.eq(0), fh.eq(0), fea.eq(next_fea), feb.eq(next_feb),
+                                     a_row0.eq(Mux(col_outer, phase_row0, f_row0)), fpp.eq(0),
                                      a_left.eq(next_a_left), b_left.eq(next_b_left),
                                      f_is_b.eq(~pick_a)]
+                        with m.If(a_col_end):
+                            m.d.sync += fa_eofs.eq(fa_eofs + panels)
+                        with m.If(next_phase):
+                            m.d.sync += [phase_row0.eq(phase_row0 + rows * slots),
+                                         a_row0.eq(phase_row0 + rows * slots),
+                                         phase_p.eq(phase_p + slots), fa_eofs.eq(0),
+                                         ph_end.eq(ph_end + slots)]
+                        with m.If(b_panel_end):
+                            m.d.sync += [b_done_col.eq(b_col0 + cols), b_col0.eq(b_col0 + cols),
+                                         b_ebase.eq(b_ebase + wpc),
+                                         b_qblk.eq(b_qblk + panels)]
                         with m.If(~next_a_left & ~next_b_left):
                             m.d.comb += f_step.eq(1)
                             m.next = "BLOCK"
@@ -266,8 +334,15 @@ class PanelFeed(wiring.Component):
                 m.d.sync += b_complete.eq(fields["entry"] + 1)
             with m.Else():
                 m.d.sync += a_complete.eq(fields["entry"] + 1)
+        # Column-outer A: panels below a_lo are whole, those of the phase from a_lo have
+        # their first a_cols words.
+        a_lo, a_cols = Signal(16), Signal(16)
+        with m.If(write & fields["col_end"]):
+            m.d.sync += a_cols.eq(a_cols + 1)
+        with m.If(write & fields["phase_end"]):
+            m.d.sync += [a_cols.eq(0), a_lo.eq(a_lo + slots)]
         with m.If(self.start):
-            m.d.sync += [a_complete.eq(0), b_complete.eq(0)]
+            m.d.sync += [a_complete.eq(0), b_complete.eq(0), a_lo.eq(0), a_cols.eq(0)]
 
         # ------------------------------------------------------------------
         # Beats: a null group, the real groups, a null group
@@ -276,16 +351,22 @@ class PanelFeed(wiring.Component):
         s = Signal(range(max(2, slots)))
         restart, step_group = Signal(), Signal()
         blocks, walk_done = block_walker(m, "pbeat", rows, cols, slots, run.m, run.n,
-                                         restart, step_group, strides=(wpr, wpc))
+                                         restart, step_group,
+                                         strides=(Mux(col_outer, 1, wpr), wpc))
+        a_kofs = Signal(16)             # column-outer: (k's word along K) x P
         row0, col0, used = Signal(16), Signal(16), Signal()
         a_base, b_base = Signal(16), Signal(16)
         for index, (r, c, u, rb, cb) in enumerate(blocks):
             with m.If(s == index):
                 m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u), a_base.eq(rb),
                              b_base.eq(cb)]
-        a_entry = (a_base + (k >> a_shift))[:a_aw + 1]
+        a_entry = (a_base + Mux(col_outer, a_kofs, k >> a_shift))[:a_aw + 1]
         b_entry = (b_base + (k >> b_shift))[:b_aw + 1]
-        present = (a_entry < a_complete) & (b_entry < b_complete)
+        a_word = k >> a_shift
+        a_present = Mux(col_outer,
+                        (a_base < a_lo) | ((a_base < a_lo + slots) & (a_word < a_cols)),
+                        a_entry < a_complete)
+        present = a_present & (b_entry < b_complete)
         last_term = k + 1 == run.k
 
         k_low = k[:4]
@@ -307,7 +388,7 @@ class PanelFeed(wiring.Component):
                 m.d.comb += self.done.eq(~self.feed.valid & fill_idle)
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
-                    m.d.sync += [s.eq(0), k.eq(0)]
+                    m.d.sync += [s.eq(0), k.eq(0), a_kofs.eq(0)]
                     m.next = "NULL_FIRST"
             with m.State("NULL_FIRST"):
                 m.d.comb += [want.eq(1), null.eq(1), first.eq(1), next_slot.eq(advance)]
@@ -322,7 +403,10 @@ class PanelFeed(wiring.Component):
                     m.d.comb += [want.eq(~used | present), null.eq(~used),
                                  first.eq(k == 0), next_slot.eq(advance)]
                 with m.If(next_slot & (s == slots - 1)):
-                    m.d.sync += k.eq(Mux(last_term, 0, k + 1))
+                    word_done = ((k + 1) & ((Const(1, 1) << a_shift) - 1)[:6]) == 0
+                    m.d.sync += [k.eq(Mux(last_term, 0, k + 1)),
+                                 a_kofs.eq(Mux(last_term, 0,
+                                               Mux(word_done, a_kofs + panels, a_kofs)))]
                     m.d.comb += step_group.eq(last_term)
             with m.State("NULL_LAST"):
                 m.d.comb += [want.eq(1), null.eq(1), first.eq(1), next_slot.eq(advance)]

@@ -6,10 +6,13 @@ stream past, the hardware twin of :func:`ptocube.model.postprocess.row_max` /
 (``docs/decisions/postprocess.md`` entry 10): every operand becomes an unsigned *key* whose
 order is the MAX order (FP32 total order, S32 signed, U32 unsigned), NaNs drop out while a
 number is present, an all-NaN fold is the canonical NaN, and a fold of a single element with
-neither MaxAbsEn nor a seed takes no step and keeps the element's raw bits.
+neither MaxAbsEn nor a seed takes no step and keeps the element's raw bits.  A fold may
+keep several groups open at once (``entries``): each value names the group it belongs to
+(``index``), so the values of different groups may interleave (the CUBE engine's result
+path folds its output rows across block columns this way).
 """
 
-from amaranth.hdl import Module, Mux, Signal, Value
+from amaranth.hdl import Array, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -66,6 +69,8 @@ class MaxReduce(wiring.Component):
     ----------
     sources : set of SrcKind
         Accumulator classes built.
+    entries : int
+        Groups that may be open at once (one fold state each; default 1).
 
     Members
     -------
@@ -75,6 +80,8 @@ class MaxReduce(wiring.Component):
         A value is present this cycle (the sync domain is gated by the stream's advance).
     value : In(32)
         Raw accumulator value.
+    index : In(range(entries))
+        The open group the value belongs to (0 with one entry).
     first, last : In(1)
         The value opens / closes its group (both for a one-element group).
     seed, seed_en : In(32), In(1)
@@ -90,9 +97,13 @@ class MaxReduce(wiring.Component):
     #: Cycles from ``value`` to ``result``/``flags`` (operand, fold and final registers).
     latency = 3
 
-    def __init__(self, sources):
+    def __init__(self, sources, entries: int = 1):
+        if entries < 1:
+            raise ValueError(f"entries must be at least 1, not {entries}")
         self.sources = frozenset(SrcKind(s) for s in sources)
+        self.entries = entries
         super().__init__({"src": In(SrcKind), "max_abs": In(1), "valid": In(1),
+                          "index": In(max(1, (entries - 1).bit_length())),
                           "value": In(32), "first": In(1), "last": In(1), "seed": In(32),
                           "seed_en": In(1), "result": Out(32), "flags": Out(5)})
 
@@ -110,22 +121,24 @@ class MaxReduce(wiring.Component):
         m.d.comb += flags.eq(Mux(nv, _NV, 0) | Mux(of, _OF, 0))
         s1 = pipeline_boundary(m, True, "op", valid=self.valid, key=elem["key"],
                                nan=elem["nan"], first=self.first, stepped=stepped,
+                               index=self.index,
                                raw=self.value, seed_key=seed["key"], seed_nan=seed["nan"],
                                seed_en=self.seed_en, flags=flags)
 
-        # The fold: the state register holds the MAX of the group so far.
-        state_key = Signal(32)
-        state_nan = Signal()
+        # The fold: each entry's state register holds the MAX of its group so far.
+        state_keys = Array(Signal(32, name=f"state{e}_key") for e in range(self.entries))
+        state_nans = Array(Signal(name=f"state{e}_nan") for e in range(self.entries))
+        state_key, state_nan = state_keys[s1["index"]], state_nans[s1["index"]]
         folded = _max({"key": state_key, "nan": state_nan}, {"key": s1["key"], "nan": s1["nan"]})
         with m.If(s1["valid"]):
             m.d.sync += [state_key.eq(Mux(s1["first"], s1["key"], folded["key"])),
                          state_nan.eq(Mux(s1["first"], s1["nan"], folded["nan"]))]
         s2 = pipeline_boundary(m, True, "fold", stepped=s1["stepped"], raw=s1["raw"],
                                seed_key=s1["seed_key"], seed_nan=s1["seed_nan"],
-                               seed_en=s1["seed_en"], flags=s1["flags"])
+                               seed_en=s1["seed_en"], flags=s1["flags"], index=s1["index"])
 
         # One stage later the state includes this value: fold the seed in and decode.
-        total = {"key": state_key, "nan": state_nan}
+        total = {"key": state_keys[s2["index"]], "nan": state_nans[s2["index"]]}
         seeded = _max({"key": s2["seed_key"], "nan": s2["seed_nan"]}, total)
         best_key = Mux(s2["seed_en"], seeded["key"], total["key"])
         best_nan = Mux(s2["seed_en"], seeded["nan"], total["nan"])

@@ -9,23 +9,26 @@ them into the words of D, RowMaxOut and GroupMaxOut:
    of a real group is kept when its block exists and its row is below M.
 2. **Serializer.** One element per cycle, columns below N, into
    :class:`~ptocube.hdl.postprocess.PostProcess` with its column's quantization / PReLU
-   words (read from the 1 x N U64 vector tiles).  Blocks are visited row-major and drained
-   row by row, so for each array row i the elements of output rows i, R + i, 2R + i, ...
-   arrive in row-major order: RowMax and GroupMax are folded by one
-   :class:`~ptocube.hdl.reduce.MaxReduce` per array row (bank), seeded with RowMaxIn.
-   ``PostProcess`` itself converts elements only (its reductions are off).
-3. **Writer.** D elements are merged into one 64-bit word per bank and written when the
-   element moves to another word or the row ends; RowMaxOut and GroupMaxOut elements are
-   written as they complete.  Before any of that, the run writes zeros over D's CELL
-   storage and the two row-major outputs' rows, so that every padding byte is what the
-   model's payload holds.
+   words (read from the 1 x N U64 vector tiles).  Blocks are visited row-major or block
+   columns outer (:func:`~ptocube.hdl.cube_run.block_walker`) and drained row by row, so
+   each output row's elements arrive in column order, in pieces of up to C elements that
+   may interleave with other rows' pieces: RowMax and GroupMax are folded by one
+   :class:`~ptocube.hdl.reduce.MaxReduce` each with one fold state per output row (and a
+   group position per row), seeded with RowMaxIn.  ``PostProcess`` itself converts
+   elements only (its reductions are off).
+3. **Writer.** D elements are merged into one 64-bit word per array row (bank) and written
+   when the bank's next element lies in another word or the row ends; RowMaxOut and
+   GroupMaxOut elements are written as they complete.  Before any of that, the run writes
+   zeros over D's CELL storage and the two row-major outputs' rows, so that every padding
+   byte is what the model's payload holds.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..model.datatype import DataType
+from ..model.layout import Layout, cell_shape
 from .cell_address import (byte_mask, cube_m_bits, extract, row_major_bits,
                            word_and_offset)
 from .config import CubeConfig
@@ -38,6 +41,9 @@ from .tile_desc import ParamSource, PlanLayout
 from .tile_port import MemWriteLayout, word_addr_width
 
 __all__ = ["ResultPath"]
+
+#: Output rows of one PE's run: a CUBE_M32 CELL's rows (CUBE_M16 holds at most 16).
+MAX_ROWS = cell_shape(Layout.CUBE_M32, DataType.S32)[0]
 
 
 class ResultPath(wiring.Component):
@@ -142,7 +148,7 @@ class ResultPath(wiring.Component):
                          buf_row.eq(row0 + d_row), buf_col0.eq(col0), ser_j.eq(0)]
 
         # ------------------------------------------------------------------
-        # Serializer: one element per cycle into PostProcess and the reduction banks
+        # Serializer: one element per cycle into PostProcess and the reductions
         # ------------------------------------------------------------------
         m.submodules.post = post = PostProcess(cfg)
         m.d.comb += [
@@ -179,19 +185,19 @@ class ResultPath(wiring.Component):
             self.rd, self.rsp, self.start)
         seed = extract(s_word, s_off, 5, 32)
 
-        # Per-bank group position.
-        gcol = [Signal(8, name=f"gcol{b}") for b in range(rows)]
-        gidx = [Signal(16, name=f"gidx{b}") for b in range(rows)]
+        # Per-output-row group position: a row's elements may come in pieces (one per block
+        # column) between other rows' pieces.
+        row_index = gi[:(MAX_ROWS - 1).bit_length()]
+        gcol = Array(Signal(8, name=f"gcol{r}") for r in range(MAX_ROWS))
+        gidx = Array(Signal(16, name=f"gidx{r}") for r in range(MAX_ROWS))
         cur_gcol = Signal(8)
         cur_gidx = Signal(16)
-        for b in range(rows):
-            with m.If(buf_bank == b):
-                m.d.comb += [cur_gcol.eq(Mux(gj == 0, 0, gcol[b])),
-                             cur_gidx.eq(Mux(gj == 0, 0, gidx[b]))]
+        m.d.comb += [cur_gcol.eq(Mux(gj == 0, 0, gcol[row_index])),
+                     cur_gidx.eq(Mux(gj == 0, 0, gidx[row_index]))]
         group_last = row_last | (cur_gcol + 1 == plan.group_n)
         reduces = (plan.row_max & row_last) | (plan.group_max & group_last)
 
-        # Reduction banks and their 3-cycle delay line.
+        # The reductions (one fold state per output row) and their 3-cycle delay line.
         src = Signal(SrcKind)
         with m.Switch(plan.acc_type):
             with m.Case(int(DataType.S32)):
@@ -200,7 +206,7 @@ class ResultPath(wiring.Component):
                 m.d.comb += src.eq(SrcKind.U32)
         sources = ({SrcKind.FP32} if cfg.float_types else set()) | \
             ({SrcKind.S32, SrcKind.U32} if cfg.int_types else set())
-        line = [Signal(data.StructLayout({"valid": 1, "bank": row_bits, "row": 16,
+        line = [Signal(data.StructLayout({"valid": 1, "row": 16,
                                           "group": 16, "row_last": 1, "group_last": 1}),
                        name=f"red_line{t}") for t in range(MaxReduce.latency)]
         red_busy = Cat(*(st.valid & (st.row_last | st.group_last) for st in line)).any()
@@ -220,41 +226,33 @@ class ResultPath(wiring.Component):
             coords.w_en.eq(push), coords.w_data.eq(Cat(buf_bank, gi, gj)),
         ]
         with m.If(push):
-            m.d.sync += ser_j.eq(ser_j + 1)
-            for b in range(rows):
-                with m.If(buf_bank == b):
-                    m.d.sync += [gcol[b].eq(Mux(group_last, 0, cur_gcol + 1)),
-                                 gidx[b].eq(Mux(group_last, cur_gidx + 1, cur_gidx))]
+            m.d.sync += [ser_j.eq(ser_j + 1),
+                         gcol[row_index].eq(Mux(group_last, 0, cur_gcol + 1)),
+                         gidx[row_index].eq(Mux(group_last, cur_gidx + 1, cur_gidx))]
         with m.If(buf_valid & ~element):
             m.d.sync += buf_valid.eq(0)
         with m.If(keep):
             m.d.sync += buf_valid.eq(1)
 
-        row_banks, group_banks = [], []
-        for b in range(rows):
-            for kind, first, last, seed_en, banks in (
-                    ("row", gj == 0, row_last, plan.row_max_init, row_banks),
-                    ("group", cur_gcol == 0, group_last, 0, group_banks)):
-                red = m.submodules[f"{kind}_max{b}"] = MaxReduce(sources)
-                m.d.comb += [red.src.eq(src), red.max_abs.eq(plan.max_abs),
-                             red.valid.eq(push & (buf_bank == b)), red.value.eq(elem),
-                             red.first.eq(first), red.last.eq(last), red.seed.eq(seed),
-                             red.seed_en.eq(seed_en)]
-                banks.append(red)
-        m.d.sync += line[0].eq(Cat(push, buf_bank, gi, cur_gidx, row_last & plan.row_max,
+        reductions = {}
+        for kind, first, last, seed_en in (("row", gj == 0, row_last, plan.row_max_init),
+                                           ("group", cur_gcol == 0, group_last, 0)):
+            red = m.submodules[f"{kind}_max"] = MaxReduce(sources, MAX_ROWS)
+            m.d.comb += [red.src.eq(src), red.max_abs.eq(plan.max_abs), red.valid.eq(push),
+                         red.index.eq(row_index), red.value.eq(elem), red.first.eq(first),
+                         red.last.eq(last), red.seed.eq(seed), red.seed_en.eq(seed_en)]
+            reductions[kind] = red
+        m.d.sync += line[0].eq(Cat(push, gi, cur_gidx, row_last & plan.row_max,
                                    group_last & plan.group_max))
         for t in range(1, len(line)):
             m.d.sync += line[t].eq(line[t - 1])
         out = line[-1]
         red_flags = Signal(5)
-        m.d.comb += red_flags.eq(Mux(out.valid & plan.row_max, row_banks[0].flags, 0)
-                                 | Mux(out.valid & plan.group_max, group_banks[0].flags, 0))
-        row_result = Signal(32)
-        group_result = Signal(32)
-        for b in range(rows):
-            with m.If(out.bank == b):
-                m.d.comb += [row_result.eq(row_banks[b].result),
-                             group_result.eq(group_banks[b].result)]
+        m.d.comb += red_flags.eq(Mux(out.valid & plan.row_max, reductions["row"].flags, 0)
+                                 | Mux(out.valid & plan.group_max, reductions["group"].flags,
+                                       0))
+        row_result = reductions["row"].result
+        group_result = reductions["group"].result
 
         # Reduction outputs wait in one register each (the serializer holds back an element
         # that closes a row or group while one is pending).
@@ -302,13 +300,23 @@ class ResultPath(wiring.Component):
         conflict = cur_valid & (cur_addr != d_addr)
         merged_data = Mux(cur_valid, cur_data, 0) | d_ins
         merged_mask = Mux(cur_valid, cur_mask, 0) | d_mask
-        d_here = post.d_out.valid & ~wr_d_valid
-        m.d.comb += [post.d_out.ready.eq(~wr_d_valid & ~conflict),
+        # The D write register frees in the cycle its word is written, and an element that
+        # finds another word open writes that word and opens its own in the same cycle (a
+        # bank's rows alternate words with every block column); only an element that also
+        # ends its row waits a cycle (two words to write).
+        d_taken = Signal()
+        d_free = ~wr_d_valid | d_taken
+        d_here = post.d_out.valid & d_free
+        m.d.comb += [post.d_out.ready.eq(d_free & ~(conflict & d_row_end)),
                      coords.r_en.eq(post.d_out.valid & post.d_out.ready)]
+        with m.If(d_taken):
+            m.d.sync += wr_d_valid.eq(0)
         for b in range(rows):
             with m.If(d_here & (c_bank == b)):
                 with m.If(conflict):
-                    m.d.sync += [asm_valid[b].eq(0), wr_d_valid.eq(1), wr_d.space.eq(run.space),
+                    m.d.sync += [asm_valid[b].eq(~d_row_end), asm_addr[b].eq(d_addr),
+                                 asm_data[b].eq(d_ins), asm_mask[b].eq(d_mask),
+                                 wr_d_valid.eq(1), wr_d.space.eq(run.space),
                                  wr_d.addr.eq(asm_addr[b]), wr_d.data.eq(asm_data[b]),
                                  wr_d.mask.eq(asm_mask[b])]
                 with m.Elif(d_row_end):
@@ -333,9 +341,7 @@ class ResultPath(wiring.Component):
             with m.If(wr.ready):
                 m.d.sync += group_hold_valid.eq(0)
         with m.Elif(wr_d_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.eq(wr_d)]
-            with m.If(wr.ready):
-                m.d.sync += wr_d_valid.eq(0)
+            m.d.comb += [wr.valid.eq(1), wr.payload.eq(wr_d), d_taken.eq(wr.ready)]
         with m.Elif(pre_valid):
             m.d.comb += [wr.valid.eq(1), wr.payload.space.eq(run.space),
                          wr.payload.addr.eq(region_base + pre_index), wr.payload.data.eq(0),

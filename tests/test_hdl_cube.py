@@ -11,9 +11,12 @@ in the unit.  ``slow`` tests add thousands of random plans.
 
 import numpy as np
 import pytest
+from amaranth.hdl import Module, Signal
+from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.cube import CubeEngine
+from ptocube.hdl.cube_run import block_walker
 from ptocube.model.bundle import Operation
 from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout, element_offsets
@@ -181,6 +184,86 @@ def test_random_plans():
     check(INT, [random_case(rng, INT, (9, 9, 40)) for _ in range(16)])
 
 
+def _walk(rows, cols, slots, m, n):
+    """The groups :func:`block_walker` visits, as lists of (row0, col0) per used slot."""
+    mod = Module()
+    m_dim, n_dim, restart, step = Signal(16), Signal(16), Signal(), Signal()
+    blocks, done = block_walker(mod, "w", rows, cols, slots, m_dim, n_dim, restart, step,
+                                strides=(Signal(16, init=3), Signal(16, init=5)))
+    groups = []
+
+    async def bench(ctx):
+        ctx.set(m_dim, m)
+        ctx.set(n_dim, n)
+        ctx.set(restart, 1)
+        await ctx.tick()
+        ctx.set(restart, 0)
+        ctx.set(step, 1)
+        while not ctx.get(done):
+            group = []
+            for r, c, used, rb, cb in blocks:
+                if ctx.get(used):
+                    r, c = ctx.get(r), ctx.get(c)
+                    # The buffer bases are the block indices times the strides.
+                    assert (ctx.get(rb), ctx.get(cb)) == (r // rows * 3, c // cols * 5)
+                    group.append((r, c))
+            groups.append(group)
+            await ctx.tick()
+
+    sim = Simulator(mod)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    return groups
+
+
+@pytest.mark.parametrize("rows, cols, slots, m, n", [
+    (2, 2, 3, 5, 9), (2, 2, 3, 9, 5), (2, 2, 1, 4, 4), (3, 2, 2, 7, 8), (3, 3, 3, 4, 10),
+    (8, 8, 3, 32, 64)])
+def test_block_walker_order(rows, cols, slots, m, n):
+    """Block columns outer when N > M on an even number of array columns (decision C14),
+    row-major otherwise; L blocks per group, every block once."""
+    col_outer = cols % 2 == 0 and n > m
+    order = [(r, c) for r in range(0, m, rows) for c in range(0, n, cols)]
+    if col_outer:
+        order.sort(key=lambda rc: (rc[1], rc[0]))
+    expected = [order[i:i + slots] for i in range(0, len(order), slots)]
+    assert _walk(rows, cols, slots, m, n) == expected
+
+
+def test_reductions_across_block_columns():
+    """RowMax / GroupMax folded per output row while block columns run outer: output rows
+    interleave in each array row's bank (several block rows), groups span block columns
+    (GroupN > C) or end inside them, CUBE_M32 with M = 32, 4-bit D words (REQ4) that the
+    block columns write in pieces, on the 2 x 2 full build (L = 3), the integer build and a
+    3 x 2 array; one row-major plan (N <= M) for contrast."""
+    full = [
+        {"op": Operation.TMATMUL, "a_type": T.FP16, "b_type": T.FP16, "m": 5, "n": 16,
+         "k": 5, "row_max": True, "row_max_init": True, "gcode": 1, "max_abs": False,
+         "m_layout": Layout.CUBE_M16},
+        {"op": Operation.TMATMUL_ACC, "a_type": T.S8, "b_type": T.S8, "m": 5, "n": 32,
+         "k": 9, "row_max": True, "row_max_init": False, "gcode": 1, "max_abs": True,
+         "mode": 17, "m_layout": Layout.CUBE_M16},
+        {"op": Operation.TMATMUL, "a_type": T.BF16, "b_type": T.BF16, "m": 9, "n": 7,
+         "k": 4, "row_max": True, "row_max_init": True, "gcode": 0,
+         "m_layout": Layout.CUBE_M16},
+    ]
+    check(FULL, cases(15, FULL, full))
+    check(INT, cases(16, INT, [
+        {"op": Operation.TMATMUL, "a_type": T.S16, "b_type": T.S8, "m": 32, "n": 34,
+         "k": 3, "row_max": True, "row_max_init": True, "gcode": 3, "max_abs": False,
+         "m_layout": Layout.CUBE_M32}]))
+    odd = [
+        {"op": Operation.TMATMUL_BIAS, "a_type": T.S8, "b_type": T.S4X2, "m": 7, "n": 48,
+         "k": 6, "row_max": True, "row_max_init": True, "gcode": 4, "max_abs": False,
+         "mode": 18, "m_layout": Layout.CUBE_M32},
+        {"op": Operation.TMATMUL, "a_type": T.S16, "b_type": T.S16, "m": 4, "n": 17,
+         "k": 3, "row_max": True, "row_max_init": False, "gcode": 2, "max_abs": True,
+         "m_layout": Layout.CUBE_M16},
+    ]
+    check(ODD, cases(17, ODD, odd), latency=2, write_stall=0.2, seed=3)
+
+
 def test_odd_array_slow_store_and_write_stalls():
     """A 3 x 2 array; reads answered 3 cycles late, writes refused at random."""
     rng = np.random.default_rng(11)
@@ -197,7 +280,7 @@ def _operand_words(layout, dtype, rows, cols) -> int:
 def test_operand_buffers_read_each_word_once():
     """Buffered runs (Local A and B) on an even array read every A and B word exactly once
     per PE: several block rows and columns, K not a multiple of 32 or of a word, N not a
-    multiple of C, M = 1, both M layouts, 4-bit lanes, two PEs."""
+    multiple of C, M = 1, both M layouts, 4-bit lanes, two PEs, both block orders."""
     specs = [
         {"a_type": T.S8, "b_type": T.S8, "m": 9, "n": 7, "k": 100, "mask": 0b1010,
          "m_layout": Layout.CUBE_M32},
@@ -205,6 +288,7 @@ def test_operand_buffers_read_each_word_once():
          "m_layout": Layout.CUBE_M16},
         {"a_type": T.U16, "b_type": T.U4X2, "m": 1, "n": 9, "k": 45, "m_layout": Layout.CUBE_M16},
         {"a_type": T.S16, "b_type": T.S16, "m": 23, "n": 4, "k": 3, "m_layout": Layout.CUBE_M32},
+        {"a_type": T.S8, "b_type": T.S8, "m": 5, "n": 13, "k": 70, "m_layout": Layout.CUBE_M16},
     ]
     jobs = cases(12, INT, [dict(spec, op=Operation.TMATMUL, mode=0, relu=0, gcode=0,
                                 row_max=False) for spec in specs])
@@ -219,7 +303,8 @@ def test_operand_buffers_read_each_word_once():
 def test_operand_buffers_forms_and_switching():
     """The buffers with ACC and integer BIAS, an odd array (CUBE_M32 row pairs that straddle
     block rows), groups of three slots spanning block rows, and runs that alternate between
-    the buffers and the lane path (Shared, TransA/TransB, MX, floating BIAS)."""
+    the buffers and the lane path (Shared, TransA/TransB, MX, floating BIAS), and block
+    columns outer with A filled in phases."""
     odd = [{"op": op, "a_type": a, "b_type": b, "m": m, "n": n, "k": k,
             "m_layout": Layout.CUBE_M32}
            for op, a, b, m, n, k in ((Operation.TMATMUL, T.S8, T.S8, 20, 5, 70),
@@ -244,6 +329,10 @@ def test_operand_buffers_forms_and_switching():
          "k": 33},
         {"op": Operation.TMATMUL_ACC, "a_type": T.S8, "b_type": T.S8, "m": 1, "n": 6,
          "k": 64},
+        # Block columns outer, P = 4 block rows in phases of L = 3: B1 fills with the
+        # second phase; CUBE_M32 and ACC.
+        {"op": Operation.TMATMUL_ACC, "a_type": T.FP16, "b_type": T.FP16, "m": 7, "n": 10,
+         "k": 20, "m_layout": Layout.CUBE_M32},
     ]
     check(FULL, cases(14, FULL, full))
 
