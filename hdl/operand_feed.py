@@ -29,7 +29,18 @@ from .cube_run import RunLayout, block_walker, select_block
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
 
-__all__ = ["OperandFeed"]
+__all__ = ["OperandFeed", "feed_signature"]
+
+
+def feed_signature(config: CubeConfig, feed_shape) -> wiring.Signature:
+    """The ports every operand feed has (the engine swaps feeds without rewiring)."""
+    return wiring.Signature({
+        "run": In(RunLayout(config)),
+        "start": In(1), "done": Out(1),
+        "feed": Out(stream.Signature(feed_shape)),
+        "rd": Out(stream.Signature(ReadReqLayout(config))),
+        "rsp": In(ReadRspLayout),
+    })
 
 _FP32_ONE = 0x3F800000
 
@@ -60,13 +71,7 @@ class OperandFeed(wiring.Component):
         self.config = config
         self.slots = slots
         self.has_scale = has_scale
-        super().__init__({
-            "run": In(RunLayout(config)),
-            "start": In(1), "done": Out(1),
-            "feed": Out(stream.Signature(feed_shape)),
-            "rd": Out(stream.Signature(ReadReqLayout(config))),
-            "rsp": In(ReadRspLayout),
-        })
+        super().__init__(feed_signature(config, feed_shape))
 
     def elaborate(self, platform):
         m = Module()

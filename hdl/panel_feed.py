@@ -36,15 +36,14 @@ gives the figures.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
 
 from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker, column_outer
-from .read_arbiter import ReadReqLayout, ReadRspLayout
+from .cube_run import block_walker, column_outer
+from .operand_feed import feed_signature
 
 __all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
 
@@ -119,13 +118,7 @@ class PanelFeed(wiring.Component):
         self.config = config
         self.slots = slots
         self.has_scale = has_scale
-        super().__init__({
-            "run": In(RunLayout(config)),
-            "start": In(1), "done": Out(1),
-            "feed": Out(stream.Signature(feed_shape)),
-            "rd": Out(stream.Signature(ReadReqLayout(config))),
-            "rsp": In(ReadRspLayout),
-        })
+        super().__init__(feed_signature(config, feed_shape))
 
     def elaborate(self, platform):
         m = Module()

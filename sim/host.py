@@ -26,6 +26,7 @@ simulator in :mod:`ptocube.sim.hw_run`, a Verilator harness, a plain function in
 """
 
 import numpy as np
+from amaranth.hdl import Value
 from amaranth.lib import data
 
 from ..hdl.host import (DESC_PARTS, FM_PARTS, HostCommand, HostError, HostOp, HostResponse,
@@ -38,7 +39,7 @@ from ..model.layout import CELL_BYTES, SHARED_MAX_CAPACITY_BYTES, Layout, elemen
 from ..model.state import GPR_COUNT, HANDS, PE_COUNT, State, selector_name
 
 __all__ = ["HostPortError", "DoesNotFit", "load_state", "clear_state", "read_tile",
-           "read_status", "run_sync", "run_async", "tile_words"]
+           "read_status", "run_sync", "run_async", "stream_request", "tile_words"]
 
 WORDS_PER_CELL = CELL_BYTES // 8
 
@@ -211,3 +212,17 @@ async def run_async(gen, transact):
             return stop.value
         rsp = await transact(cmd)
 
+
+async def stream_request(ctx, req, bits: int, rsp) -> int:
+    """Send one item ``bits`` on stream ``req`` and return the bits of the next item on
+    stream ``rsp`` (whose ``ready`` the caller holds high): a request/response port in an
+    Amaranth testbench, such as the host port or the tile port's descriptor lookup."""
+    ctx.set(req.valid, 1)
+    ctx.set(Value.cast(req.payload), bits)
+    while not (await ctx.tick().sample(req.ready))[2]:
+        pass
+    ctx.set(req.valid, 0)
+    while True:
+        _, _, valid, payload = await ctx.tick().sample(rsp.valid, Value.cast(rsp.payload))
+        if valid:
+            return payload

@@ -26,7 +26,8 @@ from ..model.asm import assemble
 from ..model.bundle import Operation
 from ..model.scenario import Scenario, load_scenario
 from ..model.state import StatusFlag, pes_of_mask
-from .host import DoesNotFit, clear_state, load_state, read_status, read_tile, run_async
+from .host import (DoesNotFit, clear_state, load_state, read_status, read_tile, run_async,
+                   stream_request)
 
 __all__ = ["HardwareUnavailable", "run_scenario_hw", "run_scenarios_hw", "run_one",
            "program_beats", "SimUnit", "architectural"]
@@ -83,18 +84,8 @@ class SimUnit:
     async def transact(self, ctx, cmd):
         """Send one host command and return its decoded response."""
         u = self.unit
-        ctx.set(u.host_cmd.valid, 1)
-        ctx.set(Value.cast(u.host_cmd.payload), encode_command(cmd))
-        while True:
-            _, _, ready = await ctx.tick().sample(u.host_cmd.ready)
-            if ready:
-                break
-        ctx.set(u.host_cmd.valid, 0)
-        while True:
-            _, _, valid, payload = await ctx.tick().sample(u.host_rsp.valid,
-                                                           Value.cast(u.host_rsp.payload))
-            if valid:
-                return decode_response(payload)
+        return decode_response(await stream_request(ctx, u.host_cmd, encode_command(cmd),
+                                                    u.host_rsp))
 
     async def drive(self, ctx, gen):
         """Run a :mod:`ptocube.sim.host` driver generator; returns its result."""

@@ -22,7 +22,7 @@ from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout
 from ptocube.model.scenario import parse_scenario
 from ptocube.model.state import Tile
-from ptocube.sim.host import _flag_words, load_state, run_async, tile_words
+from ptocube.sim.host import _flag_words, load_state, run_async, stream_request, tile_words
 
 CONFIG = CubeConfig(tile_bytes_per_pe=8192, shared_bytes=4096)
 
@@ -57,16 +57,8 @@ def _run(bench):
     sim.add_clock(1e-8)
 
     async def transact(ctx, cmd):
-        ctx.set(store.host_cmd.valid, 1)
-        ctx.set(Value.cast(store.host_cmd.payload), encode_command(cmd))
-        while not (await ctx.tick().sample(store.host_cmd.ready))[2]:
-            pass
-        ctx.set(store.host_cmd.valid, 0)
-        while True:
-            _, _, valid, bits = await ctx.tick().sample(store.host_rsp.valid,
-                                                        Value.cast(store.host_rsp.payload))
-            if valid:
-                return decode_response(bits)
+        return decode_response(await stream_request(ctx, store.host_cmd, encode_command(cmd),
+                                                    store.host_rsp))
 
     async def main(ctx):
         ctx.set(store.host_enable, 1)
@@ -177,18 +169,9 @@ async def _engine_lookups(ctx, store):
     ctx.set(port.desc_rsp.ready, 1)
     answers = {}
     for pe, index, _ in [*_tiles(), (3, 63, None), (4, 255, None)]:
-        ctx.set(port.desc_req.valid, 1)
-        ctx.set(port.desc_req.payload.space, pe)
-        ctx.set(port.desc_req.payload.index, index)
-        while not (await ctx.tick().sample(port.desc_req.ready))[2]:
-            pass
-        ctx.set(port.desc_req.valid, 0)
-        while True:
-            _, _, valid, bits = await ctx.tick().sample(port.desc_rsp.valid,
-                                                        Value.cast(port.desc_rsp.payload))
-            if valid:
-                answers[pe, index] = bits
-                break
+        req = port.desc_req.payload.shape().const({"space": pe, "index": index})
+        answers[pe, index] = await stream_request(ctx, port.desc_req, req.as_bits(),
+                                                  port.desc_rsp)
     return answers
 
 
