@@ -29,23 +29,30 @@ from .cube_run import RunLayout, block_walker, select_block
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
 
-__all__ = ["OperandFeed", "feed_signature"]
+__all__ = ["OperandFeed", "FeedComponent"]
 
 
-def feed_signature(config: CubeConfig, feed_shape) -> wiring.Signature:
-    """The ports every operand feed has (the engine swaps feeds without rewiring)."""
-    return wiring.Signature({
-        "run": In(RunLayout(config)),
-        "start": In(1), "done": Out(1),
-        "feed": Out(stream.Signature(feed_shape)),
-        "rd": Out(stream.Signature(ReadReqLayout(config))),
-        "rsp": In(ReadRspLayout),
-    })
+class FeedComponent(wiring.Component):
+    """The ports and parameters every operand feed has, so the engine swaps feeds without
+    rewiring: ``run``, ``start``/``done``, the ``feed`` beats and the ``rd``/``rsp`` reads."""
+
+    def __init__(self, config: CubeConfig, feed_shape, slots: int, has_scale: bool):
+        self.config = config
+        self.slots = slots
+        self.has_scale = has_scale
+        super().__init__({
+            "run": In(RunLayout(config)),
+            "start": In(1), "done": Out(1),
+            "feed": Out(stream.Signature(feed_shape)),
+            "rd": Out(stream.Signature(ReadReqLayout(config))),
+            "rsp": In(ReadRspLayout),
+        })
+
 
 _FP32_ONE = 0x3F800000
 
 
-class OperandFeed(wiring.Component):
+class OperandFeed(FeedComponent):
     """Beats for one PE's run of a Matrix plan.
 
     Parameters
@@ -66,12 +73,6 @@ class OperandFeed(wiring.Component):
     rd : Out(stream.Signature(ReadReqLayout)), rsp : In(ReadRspLayout)
         Payload reads through the engine's read arbiter.
     """
-
-    def __init__(self, config: CubeConfig, feed_shape, slots: int, has_scale: bool):
-        self.config = config
-        self.slots = slots
-        self.has_scale = has_scale
-        super().__init__(feed_signature(config, feed_shape))
 
     def elaborate(self, platform):
         m = Module()

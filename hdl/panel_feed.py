@@ -36,14 +36,14 @@ gives the figures.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
-from amaranth.lib import fifo, wiring
+from amaranth.lib import fifo
 from amaranth.lib.memory import Memory
 
 from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
 from .config import CubeConfig
 from .cube_run import block_walker, column_outer
-from .operand_feed import feed_signature
+from .operand_feed import FeedComponent
 
 __all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
 
@@ -91,7 +91,7 @@ def _ceil_words(k: Value, shift: Value) -> Value:
     return ((k + ((Const(1, 1) << shift) - 1)[:16]) >> shift)[:16]
 
 
-class PanelFeed(wiring.Component):
+class PanelFeed(FeedComponent):
     """Beats for one PE's run from the A and B buffers (see the module docstring).
 
     Parameters
@@ -113,12 +113,6 @@ class PanelFeed(wiring.Component):
     rd : Out(stream.Signature(ReadReqLayout)), rsp : In(ReadRspLayout)
         The buffer fill's payload reads (through the engine's read arbiter).
     """
-
-    def __init__(self, config: CubeConfig, feed_shape, slots: int, has_scale: bool):
-        self.config = config
-        self.slots = slots
-        self.has_scale = has_scale
-        super().__init__(feed_signature(config, feed_shape))
 
     def elaborate(self, platform):
         m = Module()
