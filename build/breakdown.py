@@ -35,7 +35,7 @@ from amaranth.lib import wiring
 from .pnr import DEVICES, ToolError, cell_counts, synthesize, tool
 
 __all__ = ["FAMILIES", "UNIT_EXPAND", "Part", "PartFigures", "Breakdown",
-           "parts", "measure", "breakdown", "unit_breakdown", "bench_breakdown",
+           "parts", "each_part", "measure", "breakdown", "unit_breakdown", "bench_breakdown",
            "BENCH_BREAKDOWNS"]
 
 #: The device each family's parts are packed for (synthesis does not depend on the part).
@@ -288,6 +288,46 @@ class Breakdown:
                 "missing": self.missing, "failed": self.failed}
 
 
+def each_part(found: list, select, out: Path, suffix: str, figures_type, run,
+              progress=None) -> tuple:
+    """Measure the ``select``-ed parts of ``found`` with ``run(part)``, deepest first.
+
+    Shared by :func:`breakdown` and :func:`~ptocube.build.timing.timing`.  Parts not selected
+    come from their cache file ``out/<path><suffix>`` (``figures_type(**json)``) when there.
+    Returns ``(rows, missing, failed)``: the figures in ``found``'s order, the paths neither
+    measured nor cached, and path -> first line of the ``ToolError`` of a failed part.
+    Raises ``ValueError`` for a selected path that is not a part.
+    """
+    if select is not None:
+        known = {p.path for p in found}
+        unknown = [s for s in select if s not in known]
+        if unknown:
+            raise ValueError(f"unknown part {', '.join(map(repr, unknown))}; "
+                             f"parts: {', '.join(sorted(known))}")
+    figures, failed = {}, {}
+    # Sub-parts first: a parent (the whole CUBE engine) is the longest run of all.
+    for part in sorted(found, key=lambda p: -p.depth):
+        chosen = select is None or any(part.path == s or part.path.startswith(s + ".")
+                                       for s in select)
+        if not chosen:
+            cache = out / f"{part.path}{suffix}"
+            if cache.exists():
+                cached = json.loads(cache.read_text())
+                cached.update(path=part.path, count=part.count, depth=part.depth)
+                figures[part.path] = figures_type(**cached)
+            continue
+        try:
+            figures[part.path] = run(part)
+        except ToolError as error:
+            failed[part.path] = str(error).splitlines()[0]
+            continue
+        if progress is not None:
+            progress(figures[part.path])
+    rows = [figures[p.path] for p in found if p.path in figures]
+    missing = [p.path for p in found if p.path not in figures and p.path not in failed]
+    return rows, missing, failed
+
+
 def breakdown(design, family: str, out, *, expand=UNIT_EXPAND, select=None, title="",
               timeout: float | None = None, progress=None) -> Breakdown:
     """Measure the parts of ``design`` for ``family`` (``"ecp5"`` or ``"ice40"``).
@@ -300,37 +340,12 @@ def breakdown(design, family: str, out, *, expand=UNIT_EXPAND, select=None, titl
     found = parts(design, expand)
     if family not in FAMILIES:
         raise ValueError(f"unknown FPGA family {family!r}; known: {', '.join(FAMILIES)}")
-    if select is not None:
-        known = {p.path for p in found}
-        unknown = [s for s in select if s not in known]
-        if unknown:
-            raise ValueError(f"unknown part {', '.join(map(repr, unknown))}; "
-                             f"parts: {', '.join(sorted(known))}")
-    result = Breakdown(family, title)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    figures = {}
-    # Sub-parts first: a parent (the whole CUBE engine) is the longest run of all.
-    for part in sorted(found, key=lambda p: -p.depth):
-        chosen = select is None or any(part.path == s or part.path.startswith(s + ".")
-                                       for s in select)
-        if not chosen:
-            cache = out / f"{part.path}.json"
-            if cache.exists():
-                cached = json.loads(cache.read_text())
-                cached.update(path=part.path, count=part.count, depth=part.depth)
-                figures[part.path] = PartFigures(**cached)
-            continue
-        try:
-            figures[part.path] = measure(part, family, out, timeout=timeout)
-        except ToolError as error:
-            result.failed[part.path] = str(error).splitlines()[0]
-            continue
-        if progress is not None:
-            progress(figures[part.path])
-    result.rows = [figures[p.path] for p in found if p.path in figures]
-    result.missing = [p.path for p in found if p.path not in figures
-                      and p.path not in result.failed]
+    result = Breakdown(family, title)
+    result.rows, result.missing, result.failed = each_part(
+        found, select, out, ".json", PartFigures,
+        lambda part: measure(part, family, out, timeout=timeout), progress)
     return result
 
 

@@ -7,6 +7,8 @@
   resources as a share of the device and post-route Fmax, as a table and as JSON.
 * ``synth --breakdown --preset NAME --family ecp5|ice40 [--parts P,...]``: every component of
   the unit synthesized and packed on its own (:mod:`~ptocube.build.breakdown`), as a table.
+* ``synth --timing --preset NAME --family ecp5|ice40 [--parts P,...] [--freq MHZ]``: every
+  component placed and routed on its own: Fmax and critical path (:mod:`~ptocube.build.timing`).
 * ``verilog --preset NAME -o FILE.v``: the unit's Verilog.
 """
 
@@ -91,20 +93,24 @@ def add_synth_arguments(parser):
     parser.add_argument("--breakdown", action="store_true",
                         help="synthesize each component of the unit on its own (no place and "
                              "route) and print resources per component")
+    parser.add_argument("--timing", action="store_true",
+                        help="place and route each component of the unit on its own and "
+                             "print its Fmax and critical path")
     parser.add_argument("--family", choices=("ecp5", "ice40"),
-                        help="FPGA family of --breakdown (default: the board's)")
-    parser.add_argument("--parts", help="--breakdown: comma-separated part paths to measure "
-                                        "(e.g. decoder,cube.array); others are reported from "
-                                        "the cache when there")
+                        help="FPGA family of --breakdown / --timing (default: the board's)")
+    parser.add_argument("--parts", help="--breakdown / --timing: comma-separated part paths "
+                                        "to measure (e.g. decoder,cube.array); others are "
+                                        "reported from the cache when there")
 
 
 def run_synth(args) -> int:
     """Place and route a design on the board's FPGA and report resources and Fmax."""
     from .pnr import place_and_route
-    if args.breakdown:
-        return _run_breakdown(args)
+    if args.breakdown or args.timing:
+        return _run_by_part(args)
     if args.board is None:
-        print("error: synth needs --board (or --breakdown with --preset and --family)",
+        print("error: synth needs --board (or --breakdown / --timing with --preset and "
+              "--family)",
               file=sys.stderr)
         return 2
     brd = board(args.board)
@@ -126,27 +132,36 @@ def run_synth(args) -> int:
     return 0
 
 
-def _run_breakdown(args) -> int:
+def _run_by_part(args) -> int:
+    """``synth --breakdown`` (resources) or ``synth --timing`` (Fmax), one part at a time."""
     from .breakdown import unit_breakdown
+    from .timing import unit_timing
     brd = board(args.board) if args.board else None
     name = args.preset or (brd.preset if brd else None)
     family = args.family or (brd.device.family if brd else None)
+    flag = "--timing" if args.timing else "--breakdown"
     if name is None or family is None:
-        print("error: synth --breakdown needs --preset and --family (or --board)",
-              file=sys.stderr)
+        print(f"error: synth {flag} needs --preset and --family (or --board)", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else Path("build") / "out" / "breakdown" / f"{name}-{family}"
+    kind = "timing" if args.timing else "breakdown"
+    out = Path(args.out) if args.out else Path("build") / "out" / kind / f"{name}-{family}"
     select = [p.strip() for p in args.parts.split(",") if p.strip()] if args.parts else None
 
     def progress(figures):
-        print(f"  {figures.path}: {figures.resources()} ({figures.seconds:.0f} s)",
-              file=sys.stderr, flush=True)
+        shown = (f"{figures.fmax_mhz} MHz" if args.timing else figures.resources())
+        print(f"  {figures.path}: {shown} ({figures.seconds:.0f} s)", file=sys.stderr,
+              flush=True)
     try:
-        result = unit_breakdown(name, family, out, select=select, progress=progress)
+        if args.timing:
+            result = unit_timing(name, family, out, select=select, progress=progress,
+                                 freq_mhz=args.freq or 100.0, seed=args.seed,
+                                 router=args.router or "router2")
+        else:
+            result = unit_breakdown(name, family, out, select=select, progress=progress)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    (out / "breakdown.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    (out / f"{kind}.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
     return 1 if result.failed else 0
 

@@ -16,6 +16,7 @@ from ptocube.build import cli, selftest
 from ptocube.build.boards import BOARDS, board
 from ptocube.build.selftest import STATUS_MASK, SelfTest
 from ptocube.build.pnr import DEVICES, Device, PinLightWrapper, ToolError, place_and_route
+from ptocube.build.timing import critical_path
 from selftest_units import GprUnit, gpr_program
 
 ICE40 = DEVICES["iCE40UP5K-SG48"]
@@ -260,6 +261,82 @@ def test_breakdown_parts_sum_and_cache(tmp_path, monkeypatch):
     (tmp_path / "cnt.json").unlink()
     failing = bd.breakdown(Toy(), "ice40", tmp_path, expand=("", "grid"), select=["cnt"])
     assert "cnt" in failing.failed and "failed: cnt" in failing.table()
+
+
+def test_critical_path_summary():
+    # A hand-made nextpnr report: an input port through a DSP and a carry chain into a
+    # register; the types come from the netlist, or from the name for nextpnr's own cells.
+    def step(kind, delay, src, dst):
+        return {"type": kind, "delay": delay, "from": {"cell": src}, "to": {"cell": dst},
+                "net": "n"}
+    report = {"critical_paths": [{"from": "clk", "to": "clk", "path": [
+        step("clk-to-q", 0.5, "chain_TRELLIS_FF_Q_3", "chain_TRELLIS_FF_Q_3"),
+        step("routing", 1.5, "chain_TRELLIS_FF_Q_3", "core.p_MULT18X18D_P"),
+        step("logic", 3.9, "core.p_MULT18X18D_P", "core.p_MULT18X18D_P"),
+        step("routing", 1.0, "core.p_MULT18X18D_P", "$nextpnr_CCU2C_7$CCU2_COMB0"),
+        step("logic", 0.4, "$nextpnr_CCU2C_7$CCU2_COMB0", "$nextpnr_CCU2C_7$CCU2_COMB0"),
+        step("routing", 0.9, "$nextpnr_CCU2C_7$CCU2_COMB0", "core.sum_LUT4_Z"),
+        step("logic", 0.25, "core.sum_LUT4_Z", "core.sum_LUT4_Z"),
+        step("setup", 0.4, "core.sum_LUT4_Z", "core.acc_TRELLIS_FF_Q_12"),
+    ]}]}
+    netlist = {"modules": {"top": {"cells": {"core.p_MULT18X18D_P": {"type": "MULT18X18D"},
+                                             "core.sum_LUT4_Z": {"type": "LUT4"}}}}}
+    path = critical_path(report, netlist)
+    assert (path.start, path.end) == ("input port", "acc")
+    assert path.ns == pytest.approx(8.85) and path.routing_ns == pytest.approx(3.4)
+    assert path.logic_ns == pytest.approx(5.45)
+    assert path.cells == {"MULT18X18D": 1, "CCU2C": 1, "LUT4": 1}
+    assert critical_path({"critical_paths": []}) is None
+
+
+def test_timing_parts_and_cache(tmp_path, monkeypatch):
+    # Each part of the toy placed and routed alone on the UP5K (a few seconds each).
+    from ptocube.build import timing as tm
+    with pytest.raises(ValueError, match="unknown part 'pe'"):
+        tm.timing(Toy(), "ice40", tmp_path, expand=("", "grid"), select=["pe"])
+    seen = []
+    result = tm.timing(Toy(), "ice40", tmp_path, expand=("", "grid"), freq_mhz=12,
+                       progress=seen.append)
+    assert [row.path for row in result.rows] == ["cnt", "grid", "grid.pe"]
+    assert [row.path for row in seen] == ["grid.pe", "cnt", "grid"] and not result.failed
+    rows = {row.path: row for row in result.rows}
+    for row in result.rows:
+        cp = row.critical
+        assert row.fmax_mhz > 12 and row.met and 0 < row.logic < 5280
+        assert cp["ns"] == pytest.approx(cp["logic_ns"] + cp["routing_ns"], abs=0.05)
+        # nextpnr's critical path is the slowest: it bounds the achieved Fmax.
+        assert 1000 / row.fmax_mhz == pytest.approx(cp["ns"], rel=0.05)
+    # The counter's path is its own carry chain (a logic cell per bit), register to register.
+    assert rows["cnt"].critical["cells"].get("ICESTORM_LC", 0) >= 8
+    assert rows["cnt"].critical["start"] == rows["cnt"].critical["end"] != "output port"
+    assert result.slowest().fmax_mhz == min(row.fmax_mhz for row in result.rows)
+    table = result.table()
+    assert "cnt (Counter)" in table and "slowest:" in table and "meets 12 MHz" in table
+    assert json.loads(json.dumps(result.to_json()))["slowest"] == result.slowest().path
+
+    # Same RTLIL, constraint, seed and router: from the cache, no tool run.
+    def no_tools(*args, **kwargs):
+        raise AssertionError("placed and routed again")
+    monkeypatch.setattr(tm, "place_and_route", no_tools)
+    again = tm.timing(Toy(), "ice40", tmp_path, expand=("", "grid"), freq_mhz=12,
+                      select=["cnt"])
+    assert [row.fmax_mhz for row in again.rows] == [row.fmax_mhz for row in result.rows]
+    # Another constraint is another measurement.
+    with pytest.raises(AssertionError, match="again"):
+        tm.timing(Toy(), "ice40", tmp_path, expand=("", "grid"), freq_mhz=24, select=["cnt"])
+
+
+def test_cli_synth_timing(tmp_path, capsys):
+    # The unit's decoder placed and routed alone on the UP5K; the other parts not timed.
+    assert _cli("synth", "--timing", "--preset", "ice40-tiny", "--family", "ice40",
+                "--parts", "decoder", "--freq", "12", "--out", str(tmp_path)) == 0
+    table = capsys.readouterr().out
+    assert "decoder (BundleDecoder)" in table and "not timed:" in table
+    report = json.loads((tmp_path / "timing.json").read_text())
+    decoder, = report["parts"]
+    assert decoder["path"] == "decoder" and decoder["fmax_mhz"] > 12
+    assert report["slowest"] == "decoder" and decoder["critical"]["cells"]
+    assert _cli("synth", "--timing", "--family", "ice40") == 2
 
 
 def test_cli_synth_breakdown(tmp_path, capsys):

@@ -1,0 +1,267 @@
+"""Timing of the CUBE unit by component: each part placed and routed on its own.
+
+A whole-unit place and route of ``ecp5-int8`` takes about an hour and a half here and its
+critical path names auto-generated cells, so it says little about where to pipeline.  This
+module takes the parts of :func:`~ptocube.build.breakdown.parts` one at a time, puts each
+behind :class:`~ptocube.build.pnr.PinLightWrapper` (every input port driven from a register,
+every output port captured by one), and places and routes it on the family's device at a
+clock constraint.  Per part it reports the post-route Fmax and a summary of nextpnr's
+critical path: the register it starts from and the one it ends at (``input port`` /
+``output port`` when the path starts or ends at the part's boundary: a combinational path
+through the port, which in the unit continues in the neighbouring part), its delay split into
+logic and routing, and the cells along it by type.
+
+A part's standalone Fmax is an upper bound of the unit's: paths between parts are not
+seen (only their halves, ending at the ports), and the unit routes in a fuller device.
+
+Figures are cached like :mod:`~ptocube.build.breakdown`'s, under the SHA-256 of the wrapped
+part's RTLIL, the constraint, the seed and the router.
+"""
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .breakdown import FAMILIES, UNIT_EXPAND, Part, each_part, parts
+from .pnr import PinLightWrapper, place_and_route
+
+__all__ = ["CriticalPath", "PartTiming", "TimingReport", "critical_path", "time_part",
+           "timing", "unit_timing"]
+
+# Yosys names a mapped cell after the net it drives plus its type and port
+# (``core.rec_TRELLIS_FF_Q_12``); the signal's name is what comes before the type.
+_CELL_SUFFIX = re.compile(r"_(TRELLIS_|SB_|DP16KD|MULT18X18D|LUT4|CCU2C|PFUMX|L6MUX21)")
+# PinLightWrapper's own registers: the input shift chain and the output capture.
+_BOUNDARY = {"chain": "input port", "captured": "output port"}
+
+
+def _signal_name(cell: str) -> str:
+    name = cell.split("$", 1)[0] if not cell.startswith("$") else cell
+    match = _CELL_SUFFIX.search(name)
+    name = name[:match.start()] if match else name
+    if name in _BOUNDARY:
+        return _BOUNDARY[name]
+    return name[len("core."):] if name.startswith("core.") else name
+
+
+def _cell_type(cell: str, types: dict) -> str:
+    for name in (cell, cell.split("$", 1)[0]):
+        if name in types:
+            return types[name]
+    made = re.match(r"\$nextpnr_(.+?)_\d+", cell)       # $nextpnr_CCU2C_7$CCU2_COMB0
+    if made:
+        return made.group(1)
+    # iCE40: nextpnr packs a LUT, its carry and its flip-flop into one logic cell "<lut>_LC".
+    return "ICESTORM_LC" if cell.endswith("_LC") else "other"
+
+
+@dataclass
+class CriticalPath:
+    """nextpnr's critical path of one clock, summarized.
+
+    start, end: the signal of the launching and capturing cell (``input port`` / ``output
+        port`` at the wrapper's registers); ns: the whole path (clock-to-out, logic, routing,
+        setup); logic_ns, routing_ns: its two parts; cells: the cells along it by type
+        (a carry chain counts each CCU2C / SB_CARRY it passes).
+    """
+
+    start: str
+    end: str
+    ns: float
+    logic_ns: float
+    routing_ns: float
+    cells: dict
+
+
+def critical_path(report: dict, netlist: dict | None = None) -> CriticalPath | None:
+    """The first critical path of nextpnr's ``--report`` JSON (``None`` without one).
+
+    ``netlist``: yosys' JSON netlist of the design, for the cell types; without it, or for
+    cells nextpnr made itself, the type is read from the cell's name.
+    """
+    paths = report.get("critical_paths") or []
+    if not paths:
+        return None
+    types = {}
+    for module in (netlist or {}).get("modules", {}).values():
+        types.update({name: cell["type"] for name, cell in module.get("cells", {}).items()})
+    steps = paths[0]["path"]
+    logic = routing = total = 0.0
+    cells = {}
+    for step in steps:
+        total += step["delay"]
+        if step["type"] == "routing":
+            routing += step["delay"]
+            continue
+        logic += step["delay"]
+        if step["type"] in ("logic", "source"):
+            name = step["to"]["cell"] if step["type"] == "logic" else step["from"]["cell"]
+            kind = _cell_type(name, types)
+            cells[kind] = cells.get(kind, 0) + 1
+    return CriticalPath(start=_signal_name(steps[0]["from"]["cell"]),
+                        end=_signal_name(steps[-1]["to"]["cell"]), ns=round(total, 2),
+                        logic_ns=round(logic, 2), routing_ns=round(routing, 2),
+                        cells=dict(sorted(cells.items(), key=lambda kv: -kv[1])))
+
+
+@dataclass
+class PartTiming:
+    """Post-route timing of one part on its own.
+
+    fmax_mhz: the slowest clock's achieved Fmax; logic: placed logic cells (TRELLIS_COMB /
+    ICESTORM_LC, wrapper included); critical: its critical path (a :class:`CriticalPath` as a
+    dictionary); digest: SHA-256 of the wrapped part's RTLIL; seconds: the run's wall time.
+    """
+
+    path: str
+    kind: str
+    count: int
+    depth: int
+    family: str
+    device: str
+    constraint_mhz: float
+    fmax_mhz: float | None
+    logic: int
+    critical: dict | None
+    digest: str
+    seconds: float
+    measured: str
+
+    @property
+    def met(self) -> bool:
+        """The part alone reaches the constraint."""
+        return self.fmax_mhz is not None and self.fmax_mhz >= self.constraint_mhz
+
+
+def time_part(part: Part, family: str, out, *, freq_mhz: float = 100.0, seed: int = 1,
+              router: str | None = "router2", timeout: float | None = None) -> PartTiming:
+    """Place and route one instance of ``part`` behind the pin wrapper in ``out/<path>/``.
+
+    A cached ``out/<path>.timing.json`` of the same RTLIL, constraint, seed and router is
+    returned as it is.  Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails.
+    """
+    from amaranth.back import rtlil
+    if family not in FAMILIES:
+        raise ValueError(f"unknown FPGA family {family!r}; known: {', '.join(FAMILIES)}")
+    out = Path(out)
+    start = time.monotonic()
+    text = rtlil.convert(PinLightWrapper(part.component), name="top")
+    key = f"{text}\n{freq_mhz:g} {seed} {router}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    cache = out / f"{part.path}.timing.json"
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if cached.get("digest") == digest and cached.get("family") == family:
+            cached.update(path=part.path, count=part.count, depth=part.depth)
+            return PartTiming(**cached)
+    work = out / part.path
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "part.il").write_text(text)
+    device = FAMILIES[family]
+    result = place_and_route(work / "part.il", device, freq_mhz=freq_mhz, seed=seed,
+                             workdir=work, router=router, timeout=timeout)
+    report = json.loads((work / "top.report.json").read_text())
+    netlist = json.loads((work / "top.json").read_text())
+    path = critical_path(report, netlist)
+    figures = PartTiming(path=part.path, kind=part.kind, count=part.count, depth=part.depth,
+                         family=family, device=str(device), constraint_mhz=freq_mhz,
+                         fmax_mhz=(round(result.min_fmax, 2) if result.min_fmax is not None
+                                   else None),
+                         logic=result.utilization.get("logic", (0, 0))[0],
+                         critical=asdict(path) if path is not None else None, digest=digest,
+                         seconds=round(time.monotonic() - start, 1),
+                         measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    cache.write_text(json.dumps(asdict(figures), indent=1) + "\n")
+    return figures
+
+
+@dataclass
+class TimingReport:
+    """The timed parts of one design, slowest first in :meth:`table`."""
+
+    family: str
+    title: str
+    constraint_mhz: float
+    rows: list = field(default_factory=list)       # PartTiming, hierarchy order
+    missing: list = field(default_factory=list)
+    failed: dict = field(default_factory=dict)
+
+    def slowest(self) -> PartTiming | None:
+        """The part with the lowest Fmax: the bound on the whole design."""
+        timed = [row for row in self.rows if row.fmax_mhz is not None]
+        return min(timed, key=lambda row: row.fmax_mhz, default=None)
+
+    def table(self) -> str:
+        """A fixed-width text table, one part a line, then each critical path."""
+        lines = [self.title,
+                 f"{'part':<30} {'logic':>6} {'Fmax MHz':>9} {'path ns':>8} {'logic':>6} "
+                 f"{'route':>6}  start -> end"]
+        for row in self.rows:
+            name = "  " * row.depth + row.path.rsplit(".", 1)[-1] + f" ({row.kind})"
+            cp = row.critical or {}
+            fmax = f"{row.fmax_mhz:.1f}" if row.fmax_mhz is not None else "-"
+            lines.append(f"{name:<30} {row.logic:>6} {fmax:>9} {cp.get('ns', 0):>8.1f} "
+                         f"{cp.get('logic_ns', 0):>6.1f} {cp.get('routing_ns', 0):>6.1f}  "
+                         f"{cp.get('start', '-')} -> {cp.get('end', '-')}")
+        lines.append("cells along each critical path:")
+        for row in self.rows:
+            cells = (row.critical or {}).get("cells", {})
+            lines.append(f"  {row.path}: " + ", ".join(f"{n} {k}" for k, n in cells.items()))
+        slowest = self.slowest()
+        if slowest is not None:
+            verdict = "meets" if slowest.fmax_mhz >= self.constraint_mhz else "misses"
+            lines.append(f"slowest: {slowest.path} at {slowest.fmax_mhz:.1f} MHz ({verdict} "
+                         f"{self.constraint_mhz:g} MHz)")
+        if self.missing:
+            lines.append("not timed: " + ", ".join(self.missing))
+        for path, error in self.failed.items():
+            lines.append(f"failed: {path}: {error}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """A plain dictionary of every row."""
+        slowest = self.slowest()
+        return {"family": self.family, "title": self.title,
+                "constraint_mhz": self.constraint_mhz,
+                "parts": [asdict(row) for row in self.rows],
+                "slowest": slowest.path if slowest else None,
+                "missing": self.missing, "failed": self.failed}
+
+
+def timing(design, family: str, out, *, expand=UNIT_EXPAND, select=None,
+           freq_mhz: float = 100.0, seed: int = 1, router: str | None = "router2", title="",
+           timeout: float | None = None, progress=None) -> TimingReport:
+    """Time the parts of ``design`` on ``family``'s device (see :func:`time_part`).
+
+    select: part paths to time (a path also selects its sub-parts; ``None``: every part);
+    cached figures of unselected parts are still reported.  progress: called with each
+    :class:`PartTiming` as it is measured (sub-parts first).  A part whose tools fail
+    is in ``failed``.
+    """
+    found = parts(design, expand)
+    if family not in FAMILIES:
+        raise ValueError(f"unknown FPGA family {family!r}; known: {', '.join(FAMILIES)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = TimingReport(family, title, freq_mhz)
+    result.rows, result.missing, result.failed = each_part(
+        found, select, out, ".timing.json", PartTiming,
+        lambda part: time_part(part, family, out, freq_mhz=freq_mhz, seed=seed, router=router,
+                               timeout=timeout), progress)
+    return result
+
+
+def unit_timing(preset_name: str, family: str, out=None, **kwargs) -> TimingReport:
+    """:func:`timing` of ``CubeUnit(preset)``; ``out`` defaults to
+    ``build/out/timing/PRESET-FAMILY``."""
+    from ..hdl.config import preset
+    from ..hdl.top import CubeUnit
+    config = preset(preset_name)
+    out = Path(out) if out is not None else Path("build/out/timing") / f"{preset_name}-{family}"
+    freq = kwargs.get("freq_mhz", 100.0)
+    title = (f"CubeUnit {preset_name} ({config.rows} x {config.cols}), each part alone behind "
+             f"PinLightWrapper on {FAMILIES[family]}, {freq:g} MHz constraint, post-route")
+    return timing(CubeUnit(config), family, out, title=title, **kwargs)
