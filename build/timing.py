@@ -34,16 +34,19 @@ __all__ = ["CriticalPath", "PartTiming", "TimingReport", "critical_path", "time_
 # Yosys names a mapped cell after the net it drives plus its type and port
 # (``core.rec_TRELLIS_FF_Q_12``); the signal's name is what comes before the type.
 _CELL_SUFFIX = re.compile(r"_(TRELLIS_|SB_|DP16KD|MULT18X18D|LUT4|CCU2C|PFUMX|L6MUX21)")
-# PinLightWrapper's own registers: the input shift chain and the output capture.
-_BOUNDARY = {"chain": "input port", "captured": "output port"}
+# PinLightWrapper's own registers: the input shift chain and the output capture.  Yosys may
+# name a register of the part that drives an output port after the capture's net, so a path
+# that starts at "captured" starts at such a register.
+_BOUNDARY = {("start", "chain"): "input port", ("start", "captured"): "output register",
+             ("end", "captured"): "output port"}
 
 
-def _signal_name(cell: str) -> str:
+def _signal_name(cell: str, role: str) -> str:
     name = cell.split("$", 1)[0] if not cell.startswith("$") else cell
     match = _CELL_SUFFIX.search(name)
     name = name[:match.start()] if match else name
-    if name in _BOUNDARY:
-        return _BOUNDARY[name]
+    if (role, name) in _BOUNDARY:
+        return _BOUNDARY[role, name]
     return name[len("core."):] if name.startswith("core.") else name
 
 
@@ -63,7 +66,8 @@ class CriticalPath:
     """nextpnr's critical path of one clock, summarized.
 
     start, end: the signal of the launching and capturing cell (``input port`` / ``output
-        port`` at the wrapper's registers); ns: the whole path (clock-to-out, logic, routing,
+        port`` at the wrapper's registers; ``output register``: a register of the part that
+        drives an output port); ns: the whole path (clock-to-out, logic, routing,
         setup); logic_ns, routing_ns: its two parts; cells: the cells along it by type
         (a carry chain counts each CCU2C / SB_CARRY it passes).
     """
@@ -101,8 +105,8 @@ def critical_path(report: dict, netlist: dict | None = None) -> CriticalPath | N
             name = step["to"]["cell"] if step["type"] == "logic" else step["from"]["cell"]
             kind = _cell_type(name, types)
             cells[kind] = cells.get(kind, 0) + 1
-    return CriticalPath(start=_signal_name(steps[0]["from"]["cell"]),
-                        end=_signal_name(steps[-1]["to"]["cell"]), ns=round(total, 2),
+    return CriticalPath(start=_signal_name(steps[0]["from"]["cell"], "start"),
+                        end=_signal_name(steps[-1]["to"]["cell"], "end"), ns=round(total, 2),
                         logic_ns=round(logic, 2), routing_ns=round(routing, 2),
                         cells=dict(sorted(cells.items(), key=lambda kv: -kv[1])))
 

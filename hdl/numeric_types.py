@@ -201,7 +201,8 @@ class NumericConfig:
             types |= {t for t in MATRIX_INPUT_TYPES if t.num_class is NumClass.FLOAT}
         if cube.int_types:
             types |= {t for t in MATRIX_INPUT_TYPES if t.num_class is not NumClass.FLOAT}
-        return cls(input_types=types, mx_scales=cube.mx_types, fma_stages=cube.fma_stages)
+        return cls(input_types=types, mx_scales=cube.mx_types, fma_stages=cube.fma_stages,
+                   int_mac_stages=cube.int_mac_stages)
 
     @property
     def float_types(self) -> frozenset:

@@ -93,7 +93,8 @@ class SystolicArray(wiring.Component):
         integer-only build contains no float logic at all).  In a build with
         both classes the integer MAC registers its product too
         (``int_mac_stages`` = 2 when ``fma_stages`` >= 2): its loop is padded
-        to the FMA's length anyway.
+        to the FMA's length anyway.  An integer-only build takes
+        ``int_mac_stages`` from the config (``ecp5-int8``: 2, so L = 2).
     slots : int or None
         Output chains interleaved per PE (``L``); ``None`` chooses the
         smallest that hides the MAC latency
@@ -135,7 +136,8 @@ class SystolicArray(wiring.Component):
         if numeric.has_float and numeric.has_int:
             # The integer loop is padded to the FMA's length anyway: spend one
             # of the pad registers inside IntMac, after its multiplier.
-            numeric = replace(numeric, int_mac_stages=min(2, max(1, numeric.fma_stages)))
+            numeric = replace(numeric, int_mac_stages=max(numeric.int_mac_stages,
+                                                          min(2, numeric.fma_stages)))
         minimum = ProcessingElement.minimum_slots(numeric)
         if slots is None:
             slots = minimum

@@ -4,7 +4,8 @@ tile store: one 64-bit payload read per cycle answered one cycle later, writes a
 Cases (each one Matrix bundle; M is at most 32 per PE - CUBE_M32 - so the issue's
 64 x 64 x 256 product is two PEs of 32 x 64 x 256, ``pes`` = 2):
 
-* ``S8``: S8 x S8 on the integer-only build (``ecp5-int8`` array, L = 1);
+* ``S8``: S8 x S8 on the integer-only build (``ecp5-int8``'s array and MAC pipeline:
+  8 x 8, product registered, L = 2);
 * ``FP16 schedule``: the full-type build's schedule (L = ``fma_stages`` = 3) and FP16's
   memory traffic: S16 x S16 (the same 16-bit elements and layouts) on an integer array
   padded to 3 slots - the full-type array is too slow to simulate at this size in pysim,
@@ -87,7 +88,8 @@ def bench_cube(m: int = 32, n: int = 64, k: int = 256, size: int = 8, pes: int =
                seed: int = 0, synthesize: bool = False) -> list:
     """Run the cases of the module docstring; see there for the returned dicts."""
     big = dict(tile_bytes_per_pe=128 * 1024, shared_bytes=64 * 1024)
-    int_build = CubeConfig(rows=size, cols=size, float_types=False, mx_types=False, **big)
+    int_build = CubeConfig(rows=size, cols=size, float_types=False, mx_types=False,
+                           int_mac_stages=preset("ecp5-int8").int_mac_stages, **big)
     full_small = CubeConfig(rows=2, cols=2, **big)
     report = [
         _case("S8", int_build, None, DataType.S8, (m, n, k), pes, 0.90, seed),

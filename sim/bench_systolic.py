@@ -339,7 +339,7 @@ def bench_systolic(m: int = 64, n: int = 64, k: int = 256, size: int = 8,
 
     Cases (each an M x N x K product tiled over a ``size`` x ``size`` array):
 
-    * ``S8``: S8 x S8 on the integer-only build (``ecp5-int8`` preset, L = 1);
+    * ``S8``: S8 x S8 on an integer-only build with the sum registered (L = 1);
     * ``FP16 schedule``: the full-type build's schedule (L = fma_stages = 3),
       simulated on an integer-only array padded to 3 slots: the control and
       hence the cycle count depend only on R, C, L and the shape, and the

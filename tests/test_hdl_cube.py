@@ -17,6 +17,8 @@ from amaranth.sim import Simulator
 from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.cube import CubeEngine
 from ptocube.hdl.cube_run import block_walker
+from ptocube.hdl.numeric_types import NumericConfig
+from ptocube.hdl.pe import ProcessingElement
 from ptocube.model.bundle import Operation
 from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout, element_offsets
@@ -182,6 +184,14 @@ def test_random_plans():
     rng = np.random.default_rng(10)
     check(FULL, [random_case(rng, FULL, (6, 7, 20)) for _ in range(16)])
     check(INT, [random_case(rng, INT, (9, 9, 40)) for _ in range(16)])
+
+
+def test_integer_build_with_registered_product():
+    # ecp5-int8's MAC pipeline (int_mac_stages = 2): two interleaved chains per PE.
+    config = INT.with_(int_mac_stages=2)
+    assert ProcessingElement.minimum_slots(NumericConfig.from_cube_config(config)) == 2
+    rng = np.random.default_rng(12)
+    check(config, [random_case(rng, config, (9, 9, 40)) for _ in range(10)])
 
 
 def _walk(rows, cols, slots, m, n):
