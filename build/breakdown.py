@@ -26,7 +26,7 @@ import json
 import re
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from amaranth.hdl import Fragment
@@ -35,7 +35,7 @@ from amaranth.lib import wiring
 from .pnr import DEVICES, ToolError, cell_counts, synthesize, tool
 
 __all__ = ["FAMILIES", "UNIT_EXPAND", "Part", "PartFigures", "Breakdown",
-           "parts", "each_part", "measure", "breakdown", "unit_breakdown", "bench_breakdown",
+           "parts", "each_part", "cached_figures", "measure", "breakdown", "unit_breakdown", "bench_breakdown",
            "BENCH_BREAKDOWNS"]
 
 #: The device each family's parts are packed for (synthesis does not depend on the part).
@@ -180,6 +180,21 @@ def _pack(family: str, workdir: Path, timeout):
     return json.loads((workdir / "pack.json").read_text())["utilization"]
 
 
+def cached_figures(cache: Path, figures_type, part: Part, *, digest=None, family=None):
+    """The figures of ``part`` cached in ``cache``, or ``None`` (no file, or with ``digest``:
+    another digest or family).  Keys the class no longer has (an older version's) are
+    dropped."""
+    if not cache.exists():
+        return None
+    cached = json.loads(cache.read_text())
+    if digest is not None and (cached.get("digest"), cached.get("family")) != (digest, family):
+        return None
+    known = {f.name for f in fields(figures_type)}
+    cached = {key: value for key, value in cached.items() if key in known}
+    cached.update(path=part.path, count=part.count, depth=part.depth)
+    return figures_type(**cached)
+
+
 def measure(part: Part, family: str, out, *, timeout: float | None = None) -> PartFigures:
     """Synthesize and pack one instance of ``part`` for ``family`` in ``out/<path>/``.
 
@@ -192,12 +207,10 @@ def measure(part: Part, family: str, out, *, timeout: float | None = None) -> Pa
     start = time.monotonic()
     text = rtlil.convert(part.component, name="top")
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    cache = out / f"{part.path}.json"
-    if cache.exists():
-        cached = json.loads(cache.read_text())
-        if cached.get("digest") == digest and cached.get("family") == family:
-            cached.update(path=part.path, count=part.count, depth=part.depth)
-            return PartFigures(**cached)
+    cached = cached_figures(out / f"{part.path}.json", PartFigures, part, digest=digest,
+                            family=family)
+    if cached is not None:
+        return cached
     work = out / part.path
     work.mkdir(parents=True, exist_ok=True)
     (work / "part.il").write_text(text)
@@ -211,7 +224,7 @@ def measure(part: Part, family: str, out, *, timeout: float | None = None) -> Pa
                           family=family, cells=cells, logic=logic, capacity=capacity,
                           digest=digest, seconds=round(time.monotonic() - start, 1),
                           measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    cache.write_text(json.dumps(asdict(figures), indent=1) + "\n")
+    (out / f"{part.path}.json").write_text(json.dumps(asdict(figures), indent=1) + "\n")
     return figures
 
 
@@ -310,11 +323,9 @@ def each_part(found: list, select, out: Path, suffix: str, figures_type, run,
         chosen = select is None or any(part.path == s or part.path.startswith(s + ".")
                                        for s in select)
         if not chosen:
-            cache = out / f"{part.path}{suffix}"
-            if cache.exists():
-                cached = json.loads(cache.read_text())
-                cached.update(path=part.path, count=part.count, depth=part.depth)
-                figures[part.path] = figures_type(**cached)
+            cached = cached_figures(out / f"{part.path}{suffix}", figures_type, part)
+            if cached is not None:
+                figures[part.path] = cached
             continue
         try:
             figures[part.path] = run(part)

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .breakdown import FAMILIES, UNIT_EXPAND, Part, each_part, parts
+from .breakdown import FAMILIES, UNIT_EXPAND, Part, cached_figures, each_part, parts
 from .pnr import PinLightWrapper, place_and_route
 
 __all__ = ["CriticalPath", "PartTiming", "TimingReport", "critical_path", "time_part",
@@ -155,12 +155,10 @@ def time_part(part: Part, family: str, out, *, freq_mhz: float = 100.0, seed: in
     text = rtlil.convert(PinLightWrapper(part.component), name="top")
     key = f"{text}\n{freq_mhz:g} {seed} {router}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    cache = out / f"{part.path}.timing.json"
-    if cache.exists():
-        cached = json.loads(cache.read_text())
-        if cached.get("digest") == digest and cached.get("family") == family:
-            cached.update(path=part.path, count=part.count, depth=part.depth)
-            return PartTiming(**cached)
+    cached = cached_figures(out / f"{part.path}.timing.json", PartTiming, part, digest=digest,
+                            family=family)
+    if cached is not None:
+        return cached
     work = out / part.path
     work.mkdir(parents=True, exist_ok=True)
     (work / "part.il").write_text(text)
@@ -178,7 +176,7 @@ def time_part(part: Part, family: str, out, *, freq_mhz: float = 100.0, seed: in
                          critical=asdict(path) if path is not None else None, digest=digest,
                          seconds=round(time.monotonic() - start, 1),
                          measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    cache.write_text(json.dumps(asdict(figures), indent=1) + "\n")
+    (out / f"{part.path}.timing.json").write_text(json.dumps(asdict(figures), indent=1) + "\n")
     return figures
 
 

@@ -21,8 +21,9 @@ class CubeConfig:
     float_types:       build the FP32 fused multiply-add path (ordinary float inputs).
     mx_types:          build MX scaling (E8M0 scales; requires float_types).
     fma_stages:        pipeline depth of the FP32 FMA; hidden by interleaving outputs per PE.
-    int_mac_stages:    pipeline depth of the integer MAC (1: the sum registered; 2: the
-                       product too, in the DSP's output register), hidden the same way.
+    int_product_register: integer-only builds: register the product between the DSP
+                       multiplier and the accumulator; the accumulation loop stays one
+                       cycle (L = 1), results reach the chain registers a cycle later.
     tile_bytes_per_pe: payload memory of the Local tile store for each of the four PEs.
     shared_bytes:      payload memory of the Shared tiles S0..S255 (all of them together).
     max_local_sources, max_destinations, max_shared, max_iot_words:
@@ -35,7 +36,7 @@ class CubeConfig:
     float_types: bool = True
     mx_types: bool = True
     fma_stages: int = 3
-    int_mac_stages: int = 1
+    int_product_register: bool = False
     tile_bytes_per_pe: int = 64 * 1024
     shared_bytes: int = 64 * 1024
     max_local_sources: int = 8
@@ -61,11 +62,10 @@ class CubeConfig:
 PRESETS = {
     # Full type support on a small array: the default for simulation and tests.
     "sim-small": CubeConfig(rows=4, cols=4),
-    # Integer-only 8x8 array for the ECP5-85F, using its DSP multipliers. The product is
-    # registered (int_mac_stages=2, two interleaved chains per PE): a PE alone then runs at
-    # 135 MHz on the speed-6 part instead of 102-112 (docs/fpga.md, "Timing by component").
+    # Integer-only 8x8 array for the ECP5-85F, using its DSP multipliers with the product
+    # registered before the accumulator (docs/decisions/fpga.md, F19).
     "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
-                            int_mac_stages=2,
+                            int_product_register=True,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # All type classes on a 2x2 array for the ECP5-85F: one full-type PE takes about
     # 2,800 logic cells, so a 4x4 array alone would fill 54 % of the device (docs/fpga.md).

@@ -20,8 +20,11 @@ class IntMac(wiring.Component):
     Parameters
     ----------
     config : NumericConfig
-        Must build an integer type; ``config.int_mac_stages`` is the latency:
-        0 combinational, 1 registered result, 2 registered product as well.
+        Must build an integer type; ``config.int_mac_stages`` is the latency of the
+        accumulation (``acc_in`` to ``acc_out``): 0 combinational, 1 registered result,
+        2 registered product as well.  ``config.int_product_register`` registers the
+        product ahead of that (``input_lag`` = 1): ``acc_in`` then joins the product of
+        the ``a``, ``b`` of one cycle earlier, and the accumulation loop is no longer.
 
     Members
     -------
@@ -30,7 +33,8 @@ class IntMac(wiring.Component):
     acc_in : In(32)
         Accumulator bits (S32 or U32).
     acc_out : Out(32)
-        ``(acc_in + a*b) mod 2**32``, ``latency`` cycles later.
+        ``(acc_in + a*b) mod 2**32``, ``latency`` cycles after ``acc_in`` (and
+        ``input_lag`` + ``latency`` after ``a``, ``b``).
     """
 
     def __init__(self, config: NumericConfig):
@@ -48,10 +52,16 @@ class IntMac(wiring.Component):
         """Cycles from inputs to ``acc_out``."""
         return self.config.int_mac_stages
 
+    @property
+    def input_lag(self) -> int:
+        """Cycles by which ``acc_in`` follows the ``a``, ``b`` it is added to."""
+        return int(self.config.int_product_register)
+
     def elaborate(self, platform):
         m = Module()
         stages = self.latency
-        s1 = pipeline_boundary(m, stages >= 2, "mul", product=self.a * self.b,
+        product = pipeline_boundary(m, self.input_lag == 1, "dsp", product=self.a * self.b)
+        s1 = pipeline_boundary(m, stages >= 2, "mul", product=product["product"],
                                acc=self.acc_in)
         s2 = pipeline_boundary(m, stages >= 1, "out", acc_out=(s1["acc"] + s1["product"])[:32])
         m.d.comb += self.acc_out.eq(s2["acc_out"])

@@ -168,12 +168,16 @@ class NumericConfig:
     ``fma_stages``: latency of :class:`~ptocube.hdl.fma.Fma32` in cycles,
     0 (combinational) to 5.
     ``int_mac_stages``: latency of :class:`~ptocube.hdl.int_mac.IntMac`, 0 to 2.
+    ``int_product_register``: IntMac registers its product before the accumulator
+    (the multiplier's pipeline register) without lengthening the accumulation
+    loop; integer-only builds.
     """
 
     input_types: frozenset = field(default=MATRIX_INPUT_TYPES)
     mx_scales: bool = True
     fma_stages: int = 3
     int_mac_stages: int = 1
+    int_product_register: bool = False
 
     def __post_init__(self):
         types = frozenset(DataType(t) for t in self.input_types)
@@ -188,6 +192,9 @@ class NumericConfig:
             raise ValueError(f"fma_stages must be 0..5, not {self.fma_stages}")
         if not 0 <= self.int_mac_stages <= 2:
             raise ValueError(f"int_mac_stages must be 0..2, not {self.int_mac_stages}")
+        if self.int_product_register and self.has_float:
+            # A float build pads the integer MAC to the FMA's length instead.
+            raise ValueError("int_product_register is for integer-only builds")
 
     @classmethod
     def from_cube_config(cls, cube) -> "NumericConfig":
@@ -202,7 +209,7 @@ class NumericConfig:
         if cube.int_types:
             types |= {t for t in MATRIX_INPUT_TYPES if t.num_class is not NumClass.FLOAT}
         return cls(input_types=types, mx_scales=cube.mx_types, fma_stages=cube.fma_stages,
-                   int_mac_stages=cube.int_mac_stages)
+                   int_product_register=cube.int_product_register)
 
     @property
     def float_types(self) -> frozenset:

@@ -119,6 +119,12 @@ class ProcessingElement(wiring.Component):
             "shift": In(1), "chain_in": In(32), "chain_out": Out(32),
         })
 
+    @property
+    def input_lag(self) -> int:
+        """Cycles between an operand's register and the accumulation of its product
+        (1 with ``int_product_register``)."""
+        return int(self.numeric.int_product_register)
+
     @staticmethod
     def minimum_slots(numeric: NumericConfig) -> int:
         """Fewest slots that keep every built MAC unit busy every cycle."""
@@ -140,6 +146,8 @@ class ProcessingElement(wiring.Component):
 
         chain = Array(Signal(32, name=f"chain{s}") for s in range(slots))
         acc_in = Signal(32)
+        # With the product registered, the control word meets it one cycle later.
+        ctl = _delay(m, ctl, self.input_lag, "ctl_acc")
         # Each unit's result, delayed so that the loop around it is `slots` long.
         results = {}
         if cfg.has_float:

@@ -93,8 +93,9 @@ class SystolicArray(wiring.Component):
         integer-only build contains no float logic at all).  In a build with
         both classes the integer MAC registers its product too
         (``int_mac_stages`` = 2 when ``fma_stages`` >= 2): its loop is padded
-        to the FMA's length anyway.  An integer-only build takes
-        ``int_mac_stages`` from the config (``ecp5-int8``: 2, so L = 2).
+        to the FMA's length anyway.  ``int_product_register`` (integer-only
+        builds) adds a register after each multiplier: a PE then swaps one
+        cycle later (:attr:`swap_distance`).
     slots : int or None
         Output chains interleaved per PE (``L``); ``None`` chooses the
         smallest that hides the MAC latency
@@ -136,8 +137,7 @@ class SystolicArray(wiring.Component):
         if numeric.has_float and numeric.has_int:
             # The integer loop is padded to the FMA's length anyway: spend one
             # of the pad registers inside IntMac, after its multiplier.
-            numeric = replace(numeric, int_mac_stages=max(numeric.int_mac_stages,
-                                                          min(2, numeric.fma_stages)))
+            numeric = replace(numeric, int_mac_stages=min(2, max(1, numeric.fma_stages)))
         minimum = ProcessingElement.minimum_slots(numeric)
         if slots is None:
             slots = minimum
@@ -159,8 +159,8 @@ class SystolicArray(wiring.Component):
     def swap_distance(self) -> int:
         """Cycles from accepting a beat to the end of the cycle in which the
         last PE (R-1, C-1) uses it: one entry register, one operand register
-        per PE, R-1 + C-1 hops."""
-        return self.rows + self.cols
+        per PE, R-1 + C-1 hops, and the product register if there is one."""
+        return self.rows + self.cols + int(self.numeric.int_product_register)
 
     @property
     def exchange_rows(self) -> int:

@@ -187,9 +187,10 @@ def test_random_plans():
 
 
 def test_integer_build_with_registered_product():
-    # ecp5-int8's MAC pipeline (int_mac_stages = 2): two interleaved chains per PE.
-    config = INT.with_(int_mac_stages=2)
-    assert ProcessingElement.minimum_slots(NumericConfig.from_cube_config(config)) == 2
+    # ecp5-int8's MAC pipeline: the product registered, the accumulation loop still one
+    # cycle (L = 1), every PE swapping a cycle later.
+    config = INT.with_(int_product_register=True)
+    assert ProcessingElement.minimum_slots(NumericConfig.from_cube_config(config)) == 1
     rng = np.random.default_rng(12)
     check(config, [random_case(rng, config, (9, 9, 40)) for _ in range(10)])
 

@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
@@ -57,7 +57,7 @@ class MacHarness(wiring.Component):
 
     @property
     def latency(self):
-        return self.unit.latency
+        return self.unit.latency + getattr(self.unit, "input_lag", 0)
 
     def elaborate(self, platform):
         m = Module()
@@ -71,7 +71,13 @@ class MacHarness(wiring.Component):
                              dec.scale_en.eq(getattr(self, f"scale_en_{side}"))]
             operand = dec.int_value if self.integer else dec.fp
             m.d.comb += getattr(self.unit, side).eq(operand)
-        m.d.comb += [self.unit.acc_in.eq(self.acc_in), self.acc_out.eq(self.unit.acc_out)]
+        # acc_in joins a registered product one cycle after the operands.
+        acc_in = self.acc_in
+        for _ in range(getattr(self.unit, "input_lag", 0)):
+            delayed = Signal(32)
+            m.d.sync += delayed.eq(acc_in)
+            acc_in = delayed
+        m.d.comb += [self.unit.acc_in.eq(acc_in), self.acc_out.eq(self.unit.acc_out)]
         return m
 
 
@@ -506,11 +512,18 @@ INT_ALL = NumericConfig(input_types={DataType.S16, DataType.S8, DataType.S4X2,
                                      DataType.U16, DataType.U8, DataType.U4X2})
 
 
+@pytest.mark.parametrize("product_register", [False, True])
 @pytest.mark.parametrize("stages", [0, 1, 2])
-def test_int_mac_wraps_modulo_2_32(stages):
-    rng = random.Random(7 + stages)
-    config = NumericConfig(input_types=INT_ALL.input_types, int_mac_stages=stages)
+def test_int_mac_wraps_modulo_2_32(stages, product_register):
+    rng = random.Random(7 + stages + 3 * product_register)
+    config = NumericConfig(input_types=INT_ALL.input_types, int_mac_stages=stages,
+                           int_product_register=product_register)
     check_int_mac(config, int_vectors(config, 40, rng))
+
+
+def test_int_product_register_needs_an_integer_only_build():
+    construction_error(ValueError, "integer-only",
+                       lambda: NumericConfig(int_product_register=True))
 
 
 def test_int_mac_in_a_full_build():
