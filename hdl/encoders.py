@@ -418,7 +418,7 @@ class ElementConverter(wiring.Component):
 
     def _encode(self, m, s):
         ctl = self.ctl
-        n, guard, sticky, sign, e_v = s["count"], s["guard"], s["sticky"], s["sign"], s["e_v"]
+        n, guard, sticky, sign = s["count"], s["guard"], s["sticky"], s["sign"]
         inexact = _wire(m, "inexact", guard | sticky)
         # The count's parity is the truncated code's for every encoder that meets a
         # parity-based rounding (RNE, RTO); HiF8 never does (see HIF8_ROUNDINGS).

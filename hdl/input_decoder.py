@@ -9,7 +9,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..model.datatype import DataType, MX_SCALED_TYPES
+from ..model.datatype import MX_SCALED_TYPES
 from .numeric_types import (E8M0_BIAS, E8M0_NAN, FLOAT_FORMATS, NumericConfig,
                             INT_FORMATS, count_leading_zeros)
 

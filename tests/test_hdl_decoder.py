@@ -269,7 +269,7 @@ def test_index_width_wraps():
 
 def test_empty_streams_and_stream_end_inside_an_instruction():
     rng = random.Random(6)
-    streams, beats, expected = [], [], []
+    beats, expected = [], []
     for k in range(12):
         words = random_bundle(rng)
         tail = [L_BSTOP, BSTART_TMATMUL_FP16, (0x9abe_1234_567E, 48)][k % 3]
