@@ -16,8 +16,8 @@ phase          model step                                   fault          :clas
 START          record fault / no-op pass-through;           (record)       RECORD
                defensive record sanity (decoder's rules);   II/BC/TL       WELL_FORMED
                4a ``matrix_types_legal`` (+ build profile)  TileLegality   TYPES
-               4b ``dynamic_bindings_complete``: counts     TileLegality   BINDINGS
-IOR            4b: the B.IOR scalar words (GPR reads)       TileLegality   BINDINGS
+IOR            4b ``dynamic_bindings_complete``: counts,    TileLegality   BINDINGS
+               then the B.IOR scalar words (GPR reads)
 STATIC         4c DATR, 4d dimensions, R8 attributes,       TileLegality   DATR ...
                5 TGEMV M = 1                                               GEMV_M
 SHARED_*       6 ``shared_schemas_legal``                   TileLegality   SHARED
@@ -35,10 +35,13 @@ IOR (posM/posK) and ALLOCATE (the destination register and the capacity charge o
 the :class:`~ptocube.hdl.img2col_engine.Img2ColEngine`'s, which checks them first thing in
 each per-PE job (:func:`img2col_job` builds the job from the plan and the source register).
 
-Reads are pipelined: each cycle a phase issues one read and checks the response of the
-previous one, so a fault found in a response preempts whatever the phase does in that
-cycle.  Every phase moves forward only (``docs/hdl-preflight.md``: the ranking argument the
-formal proof checks), so the verdict comes within a bounded number of cycles.
+Reads are pipelined: each cycle a phase issues one read, and each read's check is due three
+cycles later (a response pipeline that splits the shape rules over registers), so a fault
+found in a response preempts whatever the phase does in that cycle; a phase waits for its
+reads' checks to be due before the next phase checks anything, which keeps the model's
+order.  The facts of the held record are registers too.  Every phase moves forward only
+(``docs/hdl-preflight.md``: the ranking argument the formal proof checks, and the timing
+notes), so the verdict comes within a bounded number of cycles.
 
 Atomic publication: nothing here writes architectural state.  ``commit_enable`` is high only
 after an APPROVE verdict was taken and until ``exec_done``; the execution engines AND it into
@@ -213,6 +216,34 @@ def _sig(m, value, name):
     return signal
 
 
+def _reg(m, value, name):
+    """``value`` registered in ``m``: it follows its inputs one cycle late.  Every fact of
+    the held record is such a register (or a chain of them): the record is held from START
+    to the verdict, so a fact ``d`` registers deep is valid from the ``d``-th cycle after
+    START's first (``docs/hdl-preflight.md``, "Pipelined facts")."""
+    value = Value.cast(value)
+    signal = Signal(value.shape(), name=name)
+    m.d.sync += signal.eq(value)
+    return signal
+
+
+def _registered(m, tree, name):
+    """A copy of ``tree`` (facts: Values, nested in dicts, lists and tuples; ints kept)
+    with every Value replaced by a register of it (:func:`_reg`), enum shapes kept."""
+    if isinstance(tree, dict):
+        return {k: _registered(m, v, f"{name}_{getattr(k, 'name', k)}".lower())
+                for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_registered(m, v, f"{name}{i}") for i, v in enumerate(tree))
+    if isinstance(tree, int):
+        return tree
+    if isinstance(tree, Signal):
+        signal = Signal.like(tree, name=f"{name}_q")
+        m.d.sync += signal.eq(tree)
+        return signal
+    return _reg(m, tree, f"{name}_q")
+
+
 def _in_set(code, codes):
     """1 when ``code`` (at most 6 bits) is one of ``codes``."""
     return Const(sum(1 << int(c) for c in codes), 64).bit_select(code, 1)
@@ -244,13 +275,21 @@ def _lowest(m, vector, width, name, above=None):
     return found, index
 
 
-def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared, name):
+def _no_cut(value, name):
+    """The identity: the shape rule in one combinational piece."""
+    return value
+
+
+def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared, name,
+                   cut=_no_cut):
     """The row-major descriptor rule of :func:`ptocube.model.layout.ordinary_shape_legal`.
 
     ``cells`` is the capacity in CELLs, legal from 1 to 512 (64 KiB; ``shared``: 2048, 256
     KiB).  ``phys_cols`` must be a power of two, a row must divide the capacity, the derived
     row count must be at most 65535 and hold ``valid_rows``, and ``valid_cols`` <=
     ``phys_cols``.  Returns ``(legal, elements)``: elements = capacity bits / element bits.
+    ``cut(value, name)`` is applied to every value that crosses the middle of the rule: the
+    identity (combinational), or a register (:class:`Preflight` splits it over two cycles).
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     pow2 = (phys_cols != 0) & ((phys_cols & (phys_cols - 1)) == 0)
@@ -260,26 +299,30 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
             m.d.comb += lc.eq(i)
     e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
     m.d.comb += e.eq(lc + lb)
+    max_cells = Mux(shared, 2048, 512)
+    early = (cells != 0) & (cells <= max_cells) & pow2 & (valid_cols <= phys_cols)
+    early, e, lb, cells, valid_rows = (cut(v, f"{name}_{k}_cut") for k, v in (
+        ("early", early), ("e", e), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows)))
     cap_bits = Signal(22, name=f"{name}_cap_bits")
     m.d.comb += cap_bits.eq(cells << 10)
     rows = Signal(22, name=f"{name}_rows")
     m.d.comb += rows.eq(cap_bits >> e)
     divisible = (cap_bits & ((Const(1, 23) << e) - 1)) == 0
-    max_cells = Mux(shared, 2048, 512)
     legal = Signal(name=f"{name}_legal")
-    m.d.comb += legal.eq((cells != 0) & (cells <= max_cells) & pow2 & divisible
-                         & (rows <= 65535) & (valid_rows <= rows) & (valid_cols <= phys_cols))
+    m.d.comb += legal.eq(early & divisible & (rows <= 65535) & (valid_rows <= rows))
     elements = Signal(22, name=f"{name}_elements")
     m.d.comb += elements.eq(cap_bits >> lb)
     return legal, elements
 
 
-def cube_shape(m, *, layout, dtype, rows, cols, cells, name):
+def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_need=_no_cut):
     """The CUBE descriptor shape rule of :func:`ptocube.model.layout.cube_shape_legal`.
 
     A CUBE layout and a CUBE type, ``rows`` x ``cols`` both nonzero, M within the CELL
     height of an M layout, storage within the 32768-element model bound and the CELLs
-    within ``cells`` (itself 1..512).  Returns ``(legal, cells_needed, cell_cols)``.
+    within ``cells`` (itself 1..512).  Returns ``(legal, cells_needed, cell_cols)``;
+    ``cut`` as in :func:`ordinary_shape`, before the CELL-count product, ``cut_need`` after
+    it (a multiplier's input and output registers).
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     supported = _in_set(dtype, [t for t in DataType if cube_dtype_supported(t)])
@@ -288,48 +331,70 @@ def cube_shape(m, *, layout, dtype, rows, cols, cells, name):
     m32 = layout == Layout.CUBE_M32
     # CUBE_N8 CELLs are (2**(7-lb)) K x 8 N; an M layout's are 16 or 32 rows of 2**(6-lb)
     # or 2**(5-lb) columns (lb = log2 element bits; meaningful for supported types only).
-    n8_shift = Signal(3, name=f"{name}_n8_shift")
-    m_shift = Signal(3, name=f"{name}_m_shift")
-    m.d.comb += [n8_shift.eq(7 - lb), m_shift.eq(Mux(m16, 6 - lb, 5 - lb))]
+    # Shift amounts are 3 bits wide (they wrap for the types no CUBE layout supports); one
+    # rounded quotient per lb, in parallel, then a choice: no variable shift on the path.
     k_rep_n8 = Signal(16, name=f"{name}_k_rep_n8")
-    n_rep = Signal(14, name=f"{name}_n_rep")
     k_rep_m = Signal(16, name=f"{name}_k_rep_m")
-    m.d.comb += [
-        k_rep_n8.eq((rows + (Const(1, 9) << n8_shift) - 1) >> n8_shift),
-        n_rep.eq((cols + 7) >> 3),
-        k_rep_m.eq((cols + (Const(1, 9) << m_shift) - 1) >> m_shift),
-    ]
+    cell_cols = Signal(5, name=f"{name}_cell_cols")
+    limit = Signal(13, name=f"{name}_limit")           # 32768 elements in CELLs
+
+    def ceil_shift(v, sh):
+        return (v + (1 << sh) - 1) >> sh
+
+    with m.Switch(lb):
+        for value in range(8):
+            with m.Case(value):
+                sh_n8, sh_m16, sh_m32 = (7 - value) % 8, (6 - value) % 8, (5 - value) % 8
+                m.d.comb += [
+                    k_rep_n8.eq(ceil_shift(rows, sh_n8)),
+                    k_rep_m.eq(Mux(m16, ceil_shift(cols, sh_m16), ceil_shift(cols, sh_m32))),
+                    cell_cols.eq(Mux(n8, 8, Mux(m16, (1 << sh_m16) & 0x1F,
+                                                (1 << sh_m32) & 0x1F))),
+                    limit.eq(1 << (value + 5)),
+                ]
+    n_rep = Signal(14, name=f"{name}_n_rep")
+    m.d.comb += n_rep.eq((cols + 7) >> 3)
+    early = (supported & (n8 | m16 | m32) & (rows != 0) & (cols != 0)
+             & (~m16 | (rows <= 16)) & (~m32 | (rows <= 32)) & (cells != 0) & (cells <= 512))
+    early, n8, k_rep_n8, n_rep, k_rep_m, limit, cells, cell_cols = (
+        cut(v, f"{name}_{k}_cut") for k, v in (
+            ("early", early), ("n8", n8), ("k_rep_n8", k_rep_n8), ("n_rep", n_rep),
+            ("k_rep_m", k_rep_m), ("limit", limit), ("cells", cells), ("cell_cols", cell_cols)))
     need = Signal(30, name=f"{name}_cells_needed")
     m.d.comb += need.eq(Mux(n8, k_rep_n8 * n_rep, k_rep_m))
-    limit = Const(1, 12) << (lb + 5)                  # 32768 elements in CELLs
-    cell_cols = Signal(5, name=f"{name}_cell_cols")
-    m.d.comb += cell_cols.eq(Mux(n8, 8, Const(1, 5) << m_shift))
+    early, need, limit, cells = (cut_need(v, f"{name}_{k}_cut_need") for k, v in (
+        ("early", early), ("need", need), ("limit", limit), ("cells", cells)))
     legal = Signal(name=f"{name}_legal")
-    m.d.comb += legal.eq(supported & (n8 | m16 | m32) & (rows != 0) & (cols != 0)
-                         & (~m16 | (rows <= 16)) & (~m32 | (rows <= 32))
-                         & (need <= limit) & (need <= cells) & (cells != 0) & (cells <= 512))
+    m.d.comb += legal.eq(early & (need <= limit) & (need <= cells))
     return legal, need, cell_cols
 
 
 def _group_count(m, code, n):
-    """ceil(N / GroupN) for GroupNCode ``code`` (0 for code 0 or a reserved code).
+    """ceil(N / GroupN) for GroupNCode ``code`` (0 for code 0 or a reserved code), three
+    registers deep (:func:`_reg`): operand, product, shifted result.
 
     GroupN = 2**s * q with q in {1, 3, 5, 7}: ceil(ceil(N / 2**s) / q), the division by q a
     multiplication by a reciprocal that is exact for every 16-bit N (checked here).
     """
+    pre = Signal(17, name="group_count_pre")
+    mul = Signal(12, name="group_count_mul")
+    shifts = {}
+    for c in range(1, 10):
+        gn = group_n(c)
+        s = (gn & -gn).bit_length() - 1
+        q = gn >> s
+        limit = ((1 << 16) + (1 << s) - 1 >> s) + q
+        shifts[c] = (0, 1) if q == 1 else _reciprocal(q, limit)[::-1]
+        with m.If(code == c):
+            m.d.sync += [pre.eq(((n + (1 << s) - 1) >> s) + q - 1), mul.eq(shifts[c][1])]
+    product = _reg(m, pre * mul, "group_count_product")
     out = Signal(16, name="group_count")
     with m.Switch(code):
-        for c in range(1, 10):
-            gn = group_n(c)
-            s = (gn & -gn).bit_length() - 1
-            q = gn >> s
+        for c, (shift, _) in shifts.items():
             with m.Case(c):
-                x = (n + (1 << s) - 1) >> s
-                if q == 1:
-                    m.d.comb += out.eq(x)
-                    continue
-                mul, shift = _reciprocal(q, ((1 << 16) + (1 << s) - 1 >> s) + q)
-                m.d.comb += out.eq(((x + q - 1) * mul) >> shift)
+                m.d.sync += out.eq(product >> shift)
+        with m.Default():
+            m.d.sync += out.eq(0)
     return out
 
 
@@ -370,6 +435,11 @@ def _mode_table(m, mode, config):
 # ---------------------------------------------------------------------------
 # The preflight
 # ---------------------------------------------------------------------------
+
+#: Facts that are fields of the held record itself (or registers already): not registered.
+_RECORD_FACTS = frozenset({"b", "f", "dims", "dm", "dn", "dk", "sc", "selected",
+                           "group_count"})
+
 
 class Preflight(wiring.Component):
     """Legality preflight of CUBE Matrix and TIMG2COL bundles, in the golden model's order.
@@ -492,24 +562,10 @@ class Preflight(wiring.Component):
         x.nb = Signal(12, name="scale_blocks")
         m.d.comb += x.nb.eq((x.dk + 31) >> 5)
 
-        # Step 4b: the operand groups and the binding counts.
+        # Step 4b: the operand groups (the counts: :meth:`_counts_ok`).
         x.left = _sig(m, 1 + x.a_scaled, "left_group")
         x.right = _sig(m, 1 + x.b_scaled, "right_group")
-        sc, lc = b.shared_count, b.local_count
-        x.sc = sc
-        shared_ok = Mux(x.is_gemv, sc == 0,
-                        (sc == 0) | (sc == x.right) | (sc == x.left + x.right))
-        supp = x.uses_acc | x.uses_bias
-        math_count = Mux(sc == 0, x.left + x.right + supp,
-                         Mux(sc == x.right, x.left + supp, supp))
-        post_count = x.rowmax_in + x.vector_quant + x.alpha_vector
-        ior = b.ior
-        ior_fields_ok = ~b.ior_valid | (((x.n_slots >= 1) | (ior.reg_src0 == 0))
-                                        & ((x.n_slots >= 2) | (ior.reg_src1 == 0))
-                                        & (ior.reg_src2 == 0) & (ior.reg_dst == 0))
-        x.counts_ok = _sig(m, shared_ok & (lc == math_count + post_count)
-                           & (b.dest_count == 1 + f.row_max_en + f.group_max_en)
-                           & b.terminated & ior_fields_ok, "counts_ok")
+        x.sc = sc = b.shared_count
 
         # Where each operand is: positions in the Local stream ([C] [A [sA]] [B [sB]] [Bias]
         # [RowMaxIn] [quant vector] [alpha vector]) or in the Shared stream ([A [sA]] B [sB]).
@@ -558,6 +614,24 @@ class Preflight(wiring.Component):
         x.group_count = _group_count(m, f.group_n_code, x.dn)
         return x
 
+    @staticmethod
+    def _counts_ok(x):
+        """Step 4b's binding counts, from the facts ``x`` (registers: :meth:`elaborate`)."""
+        b, f, sc, lc = x.b, x.f, x.sc, x.b.local_count
+        shared_ok = Mux(x.is_gemv, sc == 0,
+                        (sc == 0) | (sc == x.right) | (sc == x.left + x.right))
+        supp = x.uses_acc | x.uses_bias
+        math_count = Mux(sc == 0, x.left + x.right + supp,
+                         Mux(sc == x.right, x.left + supp, supp))
+        post_count = x.rowmax_in + x.vector_quant + x.alpha_vector
+        ior = b.ior
+        ior_fields_ok = ~b.ior_valid | (((x.n_slots >= 1) | (ior.reg_src0 == 0))
+                                        & ((x.n_slots >= 2) | (ior.reg_src1 == 0))
+                                        & (ior.reg_src2 == 0) & (ior.reg_dst == 0))
+        return (shared_ok & (lc == math_count + post_count)
+                & (b.dest_count == 1 + f.row_max_en + f.group_max_en)
+                & b.terminated & ior_fields_ok)
+
     # ---- elaboration --------------------------------------------------------------
     def elaborate(self, platform):
         m = Module()
@@ -570,7 +644,11 @@ class Preflight(wiring.Component):
         m.submodules.plan = pm = Module()
         cfg = self.config
         phase, slot, word, rec = self.phase, self.slot, self.word, self.rec
-        x = self._facts(fm, rec)
+        # The facts, computed combinationally from the held record (``xc``), are used as
+        # registers (``x``): valid from START's second cycle, as the FSM needs them.
+        xc = self._facts(fm, rec)
+        x = SimpleNamespace(**{k: v if k in _RECORD_FACTS else _registered(fm, v, k)
+                               for k, v in vars(xc).items()})
         b, f = x.b, x.f
         dm, dn, dk, nb, acc = x.dm, x.dn, x.dk, x.nb, x.acc
         TL, TA = FaultClass.TILE_LEGALITY, FaultClass.TILE_ALLOCATION
@@ -590,7 +668,7 @@ class Preflight(wiring.Component):
         )
         v_outcome = Signal(Outcome, name="v_outcome")
         v_fault = Signal(FaultClass, name="v_fault")
-        v_index = Signal(self.index_width, name="v_index")
+        v_record = Signal(name="v_record")       # the index is the record's fault_index
         v_check = Signal(Check, name="v_check")
         v_pe = Signal(2, name="v_pe")
         tile_capacity = self.alloc.tile_capacity
@@ -599,56 +677,113 @@ class Preflight(wiring.Component):
             """TileCapacityIsLegal for a Local tile: 1..512 CELLs and within the core limit."""
             return (cells != 0) & (cells <= 512) & ((cells << 7) <= tile_capacity)
 
-        desc_cap_ok = _sig(sm, cap_ok(self.tile_rd.desc.cells), "desc_capacity_ok")
+        # ---- the output shapes, registers of the facts (D_SHAPE, AUX_SHAPE) ---------------
+        # D's layout on a PE is M16 or M32 by then (step 10): one unit for each.  Both
+        # are pipelined like the response units: D_SHAPE comes long after START.
+        def fcut(value, name):
+            return _reg(fm, value, name)
 
-        # ---- the two shape units, shared by every phase's checks --------------------
-        desc, sdesc = self.tile_rd.desc, self.shared_rd.desc
+        d_shape = {}
+        for layout in (Layout.CUBE_M16, Layout.CUBE_M32):
+            name = f"d_{layout.name.lower()}"
+            legal, need, cell_cols = cube_shape(
+                fm, layout=Const(layout.value, 3), dtype=x.d_type, rows=dm, cols=dn,
+                cells=x.tsize_cells[0], name=name, cut=fcut, cut_need=fcut)
+            d_shape[layout] = tuple(_reg(fm, v, f"{name}_{k}_q") for k, v in (
+                ("legal", legal), ("need", need), ("cell_cols", cell_cols)))
+        d_m16 = r.pe_layout[slot[:2]] == Layout.CUBE_M16
+        d_legal, d_need, d_cell_cols = (Mux(d_m16, u, v) for u, v in zip(
+            d_shape[Layout.CUBE_M16], d_shape[Layout.CUBE_M32]))
+        # RowMaxOut (AUX_SHAPE slot 0): M x 1; GroupMaxOut (slot 1): M x group count.
+        aux_legal = []
+        for j, cols in ((1, 1), (2, x.group_count)):
+            cells = x.tsize_cells[1] if j == 1 else Mux(f.row_max_en, x.tsize_cells[2],
+                                                        x.tsize_cells[1])
+            cols16 = Signal(16, name=f"aux{j}_cols")
+            fm.d.comb += cols16.eq(cols)
+            legal, _ = ordinary_shape(fm, dtype=acc, cells=cells, phys_cols=cols16,
+                                      valid_rows=dm, valid_cols=cols16, shared=0,
+                                      name=f"aux{j}", cut=fcut)
+            aux_legal.append(_reg(fm, legal, f"aux{j}_legal_q"))
+        aux_is_group = slot[0]                  # AUX_SHAPE: slot 0 RowMaxOut, 1 GroupMaxOut
+
+        counts_ok = _reg(fm, self._counts_ok(x), "counts_ok")
+        ior_reads = _reg(fm, Mux(b.ior_valid, Mux(xc.is_img2col, 2, xc.n_slots), 0), "ior_reads")
+        dm_le16 = _reg(fm, dm <= 16, "dm_le16")
+        dm_le32 = _reg(fm, dm <= 32, "dm_le32")
+
+        # ---- the response pipeline ----------------------------------------------------
+        # A read issued in cycle t is answered in t+1 (stage 0: ``pend`` names the check
+        # due); the answer and the first half of the shape rules are registered then.  In
+        # t+2 (stage 1, ``pend1``) the check but for the CUBE CELL count is computed into
+        # ``pend2_ok``, with that count's product; in t+3 (stage 2) the count's comparisons
+        # complete it into ``pend3_ok``, which the FSM obeys in t+4 (stage 3).  Checks stay
+        # in read order; a phase moves on to a checking phase only once every read's check
+        # is due by its first cycle (``drained``).
+        pend1 = Signal(_Pend, name="pend1")
+        pend1_pe = Signal(2, name="pend1_pe")
+        pend1_slot = Signal(2, name="pend1_slot")
+        pend2_pe = Signal(2, name="pend2_pe")
+        pend2_ok = Signal(name="pend2_ok", init=1)
+        pend2_cube = Signal(name="pend2_cube")
+        pend2_check = Signal(Check, name="pend2_check")
+        pend3_pe = Signal(2, name="pend3_pe")
+        pend3_ok = Signal(name="pend3_ok", init=1)
+        pend3_check = Signal(Check, name="pend3_check")
+        with m.If(phase == Phase.IDLE):
+            m.d.sync += [pend1.eq(_Pend.NONE), pend2_ok.eq(1), pend2_cube.eq(0), pend3_ok.eq(1)]
+        with m.Else():
+            m.d.sync += [pend1.eq(pend), pend1_pe.eq(pend_pe), pend1_slot.eq(pend_slot),
+                         pend2_pe.eq(pend1_pe),
+                         pend3_pe.eq(pend2_pe), pend3_check.eq(pend2_check)]
+        pend_ok, pend_check, pend_pe_due = pend3_ok, pend3_check, pend3_pe
+
+        # Stage 0: the raw answers.
+        raw, sraw = self.tile_rd.desc, self.shared_rd.desc
+        desc, sdesc = Signal(TileDescLayout, name="desc_q"), Signal(SharedDescLayout,
+                                                                    name="sdesc_q")
+        m.d.sync += [desc.eq(raw), sdesc.eq(sraw)]
+        defined = _reg(sm, self.tile_rd.defined, "defined_q")
+        sdefined = _reg(sm, self.shared_rd.defined, "sdefined_q")
+        desc_cap_ok = _reg(sm, cap_ok(raw.cells), "desc_capacity_ok")
+
+        def cut(value, name):
+            return _reg(sm, value, name)
+
         ord_in = {k: Signal(w, name=f"ord_{k}") for k, w in (
             ("dtype", 5), ("cells", 12), ("phys_cols", 16), ("valid_rows", 16),
             ("valid_cols", 16), ("shared", 1))}
-        cube_in = {k: Signal(w, name=f"cube_{k}") for k, w in (
-            ("layout", 3), ("dtype", 5), ("rows", 16), ("cols", 16), ("cells", 10))}
-        ord_legal, _ = ordinary_shape(sm, name="ord", **ord_in)
-        cube_legal, cube_need, cube_cell_cols = cube_shape(sm, name="cube", **cube_in)
-
-        aux_is_group = slot[0]                  # AUX_SHAPE: slot 0 RowMaxOut, 1 GroupMaxOut
-        aux_cols = Mux(aux_is_group, x.group_count, 1)
-        aux_dest = Mux(aux_is_group, 1 + f.row_max_en, 1)
-        with m.If(phase == Phase.AUX_SHAPE):
-            m.d.comb += [ord_in["dtype"].eq(acc),
-                         ord_in["cells"].eq(Array(x.tsize_cells)[aux_dest]),
-                         ord_in["phys_cols"].eq(aux_cols), ord_in["valid_rows"].eq(dm),
-                         ord_in["valid_cols"].eq(aux_cols)]
-        with m.Elif(pend == _Pend.SHARED):
-            m.d.comb += [ord_in["dtype"].eq(sdesc.dtype), ord_in["cells"].eq(sdesc.cells),
-                         ord_in["phys_cols"].eq(sdesc.phys_cols),
-                         ord_in["valid_rows"].eq(sdesc.valid_rows),
-                         ord_in["valid_cols"].eq(sdesc.valid_cols), ord_in["shared"].eq(1)]
+        ord_legal, _ = ordinary_shape(sm, name="ord", cut=cut, **ord_in)
+        cube_legal, _, _ = cube_shape(sm, name="cube", cut=cut, cut_need=cut, layout=raw.layout,
+                                      dtype=raw.dtype, rows=raw.valid_rows,
+                                      cols=raw.valid_cols, cells=raw.cells)
+        with m.If(pend == _Pend.SHARED):
+            m.d.comb += [ord_in["dtype"].eq(sraw.dtype), ord_in["cells"].eq(sraw.cells),
+                         ord_in["phys_cols"].eq(sraw.phys_cols),
+                         ord_in["valid_rows"].eq(sraw.valid_rows),
+                         ord_in["valid_cols"].eq(sraw.valid_cols), ord_in["shared"].eq(1)]
         with m.Else():
-            m.d.comb += [ord_in["dtype"].eq(desc.dtype), ord_in["cells"].eq(desc.cells),
-                         ord_in["phys_cols"].eq(desc.phys_cols),
-                         ord_in["valid_rows"].eq(desc.valid_rows),
-                         ord_in["valid_cols"].eq(desc.valid_cols)]
-        with m.If(phase == Phase.D_SHAPE):
-            m.d.comb += [cube_in["layout"].eq(r.pe_layout[slot[:2]]),
-                         cube_in["dtype"].eq(x.d_type), cube_in["rows"].eq(dm),
-                         cube_in["cols"].eq(dn), cube_in["cells"].eq(x.tsize_cells[0])]
-        with m.Else():
-            m.d.comb += [cube_in["layout"].eq(desc.layout), cube_in["dtype"].eq(desc.dtype),
-                         cube_in["rows"].eq(desc.valid_rows),
-                         cube_in["cols"].eq(desc.valid_cols), cube_in["cells"].eq(desc.cells)]
+            m.d.comb += [ord_in["dtype"].eq(raw.dtype), ord_in["cells"].eq(raw.cells),
+                         ord_in["phys_cols"].eq(raw.phys_cols),
+                         ord_in["valid_rows"].eq(raw.valid_rows),
+                         ord_in["valid_cols"].eq(raw.valid_cols)]
 
-        # ---- the parameter-word checker (B.IOR scalars and vector-tile words) ---------
-        m.submodules.param = param = ParamCheck(cfg)
         gpr_word = Mux(pend_zero, 0, self.gpr_rd.data)
-        param_word = Mux(pend == _Pend.GPR, gpr_word, self.word_rd.data)
-        m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(param_word),
-                     param.alpha.eq(param_word)]
+        word_q = _reg(sm, Mux(pend == _Pend.GPR, gpr_word, self.word_rd.data), "param_word_q")
+        with m.If(pend == _Pend.GPR):
+            m.d.sync += r.gpr_val[pend_slot[0]].eq(gpr_word)
+        # A's layout (C's when A is Shared) is D's on that PE; kept from the raw answer so
+        # that C's rule, read the cycle after A on the same PE, can compare with it.
+        with m.If((pend == _Pend.A) | ((pend == _Pend.C) & ~x.a_local)):
+            m.d.sync += r.pe_layout[pend_pe].eq(raw.layout)
+        c_layout_ok = _reg(sm, ~x.a_local | (raw.layout == r.pe_layout[pend_pe]), "c_layout_ok")
 
-        # ---- the response checker: the read issued in the previous cycle ------------
-        pend_ok = Signal(name="pend_ok", init=1)
-        pend_check = Signal(Check, name="pend_check")
-        defined = self.tile_rd.defined
+        # Stage 1: the check of the registered answer.
+        m.submodules.param = param = ParamCheck(cfg)
+        m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word_q),
+                     param.alpha.eq(word_q)]
+        ok = Signal(name="pend1_ok", init=1)
+        check = Signal(Check, name="pend1_check")
 
         def ordinary_source(rows, cols, dtype, need_any):
             """TileSourceContentsDefined plus the expected shape, type (and location Any)."""
@@ -660,14 +795,14 @@ class Preflight(wiring.Component):
         def cube_primary(rows, cols, dtype, layout_ok):
             """TileMatrixLocalPrimaryInfoLegal, the layout rule given as ``layout_ok``."""
             return (desc.allocated & (desc.location == TileLocation.MATRIX)
-                    & desc_cap_ok & cube_legal & defined
+                    & desc_cap_ok & defined
                     & (desc.valid_rows == rows) & (desc.valid_cols == cols)
                     & (desc.dtype == dtype) & layout_ok)
 
-        m_holds = _sig(sm, ((desc.layout == Layout.CUBE_M16) & (dm <= 16))
-                       | ((desc.layout == Layout.CUBE_M32) & (dm <= 32)), "m_holds")
+        m_holds = _sig(sm, ((desc.layout == Layout.CUBE_M16) & dm_le16)
+                       | ((desc.layout == Layout.CUBE_M32) & dm_le32), "m_holds")
         # Shared slot j -> its role (0 A, 1 sA, 2 B, 3 sB), the stored shape (a transposed
-        # primary is stored transposed) and the type.
+        # primary is stored transposed) and the type: registered in stage 0 for stage 1.
         srole = Signal(2, name="shared_role")
         with fm.If(x.a_shared & (pend_slot == 0)):
             fm.d.comb += srole.eq(0)
@@ -677,76 +812,76 @@ class Preflight(wiring.Component):
             fm.d.comb += srole.eq(2)
         with fm.Else():
             fm.d.comb += srole.eq(3)
-        s_rows = _sig(fm, Array([Mux(f.trans_a, dk, dm), dm, Mux(f.trans_b, dn, dk), nb])[srole],
+        s_rows = _reg(fm, Array([Mux(f.trans_a, dk, dm), dm, Mux(f.trans_b, dn, dk), nb])[srole],
                       "shared_rows")
-        s_cols = _sig(fm, Array([Mux(f.trans_a, dm, dk), nb, Mux(f.trans_b, dk, dn), dn])[srole],
+        s_cols = _reg(fm, Array([Mux(f.trans_a, dm, dk), nb, Mux(f.trans_b, dk, dn), dn])[srole],
                       "shared_cols")
-        s_type = _sig(fm, Array([b.a_type, Const(DataType.E8M0.value, 5), b.b_type,
+        s_type = _reg(fm, Array([b.a_type, Const(DataType.E8M0.value, 5), b.b_type,
                                 Const(DataType.E8M0.value, 5)])[srole], "shared_type")
 
-        with m.Switch(pend):
+        with m.Switch(pend1):
             with m.Case(_Pend.GPR):
-                alpha_slot = (pend_slot == 1) | ~x.scalar_quant
-                m.d.comb += [pend_check.eq(Check.BINDINGS),
-                             pend_ok.eq(x.is_img2col
-                                        | Mux(alpha_slot, param.alpha_ok, param.quant_ok))]
-                m.d.sync += r.gpr_val[pend_slot[0]].eq(gpr_word)
+                alpha_slot = (pend1_slot == 1) | ~x.scalar_quant
+                m.d.comb += [check.eq(Check.BINDINGS),
+                             ok.eq(x.is_img2col
+                                   | Mux(alpha_slot, param.alpha_ok, param.quant_ok))]
             with m.Case(_Pend.SHARED):
                 m.d.comb += [
-                    pend_check.eq(Check.SHARED),
-                    pend_ok.eq((sdesc.allocation_mask == 0xF) & (sdesc.initialized_mask == 0xF)
-                               & sdesc.published & self.shared_rd.defined
-                               & (sdesc.layout == Layout.ROW_MAJOR) & ord_legal
-                               & (sdesc.phys_cols == s_cols) & (s_rows <= sdesc.valid_rows)
-                               & (s_cols <= sdesc.valid_cols) & (sdesc.dtype == s_type)),
+                    check.eq(Check.SHARED),
+                    ok.eq((sdesc.allocation_mask == 0xF) & (sdesc.initialized_mask == 0xF)
+                          & sdesc.published & sdefined
+                          & (sdesc.layout == Layout.ROW_MAJOR) & ord_legal
+                          & (sdesc.phys_cols == s_cols) & (s_rows <= sdesc.valid_rows)
+                          & (s_cols <= sdesc.valid_cols) & (sdesc.dtype == s_type)),
                 ]
             with m.Case(_Pend.ROWMAX):
-                m.d.comb += [pend_check.eq(Check.POSTPROCESS),
-                             pend_ok.eq(ordinary_source(dm, 1, acc, 1))]
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(ordinary_source(dm, 1, acc, 1))]
             with m.Case(_Pend.QVEC, _Pend.AVEC):
-                m.d.comb += [pend_check.eq(Check.POSTPROCESS),
-                             pend_ok.eq(ordinary_source(1, dn, DataType.U64.value, 1))]
+                m.d.comb += [check.eq(Check.POSTPROCESS),
+                             ok.eq(ordinary_source(1, dn, DataType.U64.value, 1))]
             with m.Case(_Pend.QWORD):
-                m.d.comb += [pend_check.eq(Check.POSTPROCESS), pend_ok.eq(param.quant_ok)]
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param.quant_ok)]
             with m.Case(_Pend.AWORD):
-                m.d.comb += [pend_check.eq(Check.POSTPROCESS), pend_ok.eq(param.alpha_ok)]
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param.alpha_ok)]
             with m.Case(_Pend.A):
-                m.d.comb += [pend_check.eq(Check.MATH_SOURCES),
-                             pend_ok.eq(cube_primary(dm, dk, b.a_type, m_holds))]
-                m.d.sync += r.pe_layout[pend_pe].eq(desc.layout)
+                m.d.comb += [check.eq(Check.MATH_SOURCES),
+                             ok.eq(cube_primary(dm, dk, b.a_type, m_holds))]
             with m.Case(_Pend.C):
-                # C's layout must be A's (read just before it on the same PE); its capacity
-                # D's TSize unless D is converted.
-                layout_ok = ~x.a_local | (desc.layout == r.pe_layout[pend_pe])
+                # C's layout must be A's; its capacity D's TSize unless D is converted.
                 capacity_ok = (f.pre_quant_mode != 0) | (desc.cells == x.tsize_cells[0])
-                m.d.comb += [pend_check.eq(Check.MATH_SOURCES),
-                             pend_ok.eq(cube_primary(dm, dn, acc, layout_ok) & capacity_ok)]
-                with m.If(~x.a_local):
-                    m.d.sync += r.pe_layout[pend_pe].eq(desc.layout)
+                m.d.comb += [check.eq(Check.MATH_SOURCES),
+                             ok.eq(cube_primary(dm, dn, acc, c_layout_ok) & capacity_ok)]
             with m.Case(_Pend.SA):
-                m.d.comb += [pend_check.eq(Check.MATH_SOURCES),
-                             pend_ok.eq(ordinary_source(dm, nb, DataType.E8M0.value, 0))]
+                m.d.comb += [check.eq(Check.MATH_SOURCES),
+                             ok.eq(ordinary_source(dm, nb, DataType.E8M0.value, 0))]
             with m.Case(_Pend.B):
-                m.d.comb += [pend_check.eq(Check.MATH_SOURCES),
-                             pend_ok.eq(cube_primary(dk, dn, b.b_type,
-                                                     desc.layout == Layout.CUBE_N8))]
+                m.d.comb += [check.eq(Check.MATH_SOURCES),
+                             ok.eq(cube_primary(dk, dn, b.b_type,
+                                                desc.layout == Layout.CUBE_N8))]
             with m.Case(_Pend.SB):
-                m.d.comb += [pend_check.eq(Check.MATH_SOURCES),
-                             pend_ok.eq(ordinary_source(nb, dn, DataType.E8M0.value, 0))]
+                m.d.comb += [check.eq(Check.MATH_SOURCES),
+                             ok.eq(ordinary_source(nb, dn, DataType.E8M0.value, 0))]
             with m.Case(_Pend.BIAS):
-                m.d.comb += [pend_check.eq(Check.MATH_SOURCES),
-                             pend_ok.eq(ordinary_source(1, dn, acc, 0))]
+                m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(ordinary_source(1, dn, acc, 0))]
+        # Stage 2: the CUBE sources' CELL count (``cube_legal`` is two registers deep).
+        with m.If(phase != Phase.IDLE):
+            m.d.sync += [pend2_ok.eq(ok), pend2_check.eq(check),
+                         pend2_cube.eq((pend1 == _Pend.A) | (pend1 == _Pend.B)
+                                       | (pend1 == _Pend.C)),
+                         pend3_ok.eq(pend2_ok & (~pend2_cube | cube_legal))]
         m.d.sync += pend.eq(_Pend.NONE)             # unless a phase issues a read below
+        # No read in this cycle (the phase's condition) and in the two before: every read's
+        # check is due by the next cycle, so the next phase's own check cannot overtake one.
+        drained = (pend == _Pend.NONE) & (pend1 == _Pend.NONE)
 
         # ---- verdict and transition helpers -------------------------------------------
-        def fault(cls, check, pe=0, index=None):
+        def fault(cls, check, pe=0, record=False):
             m.d.sync += [v_outcome.eq(Outcome.FAULT), v_fault.eq(cls), v_check.eq(check),
-                         v_pe.eq(pe), v_index.eq(b.boundary_index if index is None else index),
-                         phase.eq(Phase.VERDICT)]
+                         v_pe.eq(pe), v_record.eq(record), phase.eq(Phase.VERDICT)]
 
         def finish(outcome):
             m.d.sync += [v_outcome.eq(outcome), v_fault.eq(FaultClass.NONE),
-                         v_check.eq(Check.NONE), v_pe.eq(0), v_index.eq(0),
+                         v_check.eq(Check.NONE), v_pe.eq(0), v_record.eq(0),
                          phase.eq(Phase.VERDICT)]
 
         def goto(next_phase, next_slot=0):
@@ -758,119 +893,146 @@ class Preflight(wiring.Component):
             m.d.sync += [pend.eq(kind), pend_pe.eq(pe)]
 
         # ---- the slots of the per-PE phases (slot = pe * 8 + role) ------------------
-        post_present = [x.rowmax_in, x.vector_quant, x.vector_quant, x.alpha_vector,
-                        x.alpha_vector]
-        math_present = [x.a_local, x.uses_acc, x.a_local & x.a_scaled, x.b_local,
-                        x.b_local & x.b_scaled, x.uses_bias]
+        post_present = [xc.rowmax_in, xc.vector_quant, xc.vector_quant, xc.alpha_vector,
+                        xc.alpha_vector]
+        math_present = [xc.a_local, xc.uses_acc, xc.a_local & xc.a_scaled, xc.b_local,
+                        xc.b_local & xc.b_scaled, xc.uses_bias]
 
         def slot_vector(present):
             return Cat(*[x.selected[s >> 3] & present[s & 7] if (s & 7) < len(present)
                          else Const(0) for s in range(32)])
 
-        post_vec = _sig(fm, slot_vector(post_present), "post_slots")
-        math_vec = _sig(fm, slot_vector(math_present), "math_slots")
+        def first(vector, width, name):
+            return tuple(_reg(fm, v, f"{name}_{k}_q")
+                         for k, v in zip(("found", "index"), _lowest(fm, vector, width, name)))
+
+        post_vec = _reg(fm, slot_vector(post_present), "post_slots")
+        math_vec = _reg(fm, slot_vector(math_present), "math_slots")
         sel_vec = _sig(fm, Cat(*x.selected), "selected_pes")
-        post_first = _lowest(fm, post_vec, 32, "post_first")
+        post_first = first(post_vec, 32, "post_first")
         post_next = _lowest(nm, post_vec, 32, "post_next", above=slot)
-        math_first = _lowest(fm, math_vec, 32, "math_first")
+        math_first = first(math_vec, 32, "math_first")
         math_next = _lowest(nm, math_vec, 32, "math_next", above=slot)
-        pe_first = _lowest(fm, sel_vec, PE_COUNT, "pe_first")
+        pe_first = first(sel_vec, PE_COUNT, "pe_first")
         pe_next = _lowest(nm, sel_vec, PE_COUNT, "pe_next", above=slot)
         role, slot_pe = slot[0:3], slot[3:5]
 
-        # ---- static checks (the record's facts; the facts submodule) ---------------------
+        # ---- static checks (registers of the record's facts; the facts submodule) ------
         # Record sanity: rules the decoder already enforces, with the decoder's classes.
-        size_codes_ok = _sig(fm, Cat(*[(j >= b.dest_count)
+        size_codes_ok = _reg(fm, Cat(*[(j >= b.dest_count)
                                        | ((b.destinations[j].size_code >= 1)
                                           & (b.destinations[j].size_code <= 10))
                                        for j in range(3)]).all(), "size_codes_ok")
-        fpatr_reserved = _sig(fm, b.fpatr_valid & (~x.mode["known"] | (f.relu_mode > 3)
+        fpatr_reserved = _reg(fm, b.fpatr_valid & (~xc.mode["known"] | (f.relu_mode > 3)
                                                    | (f.group_n_code > 9)), "fpatr_reserved")
-        fpatr_enables_ok = _sig(fm, (~f.row_max_init | f.row_max_en)
+        fpatr_enables_ok = _reg(fm, (~f.row_max_init | f.row_max_en)
                                 & (f.group_max_en == (f.group_n_code != 0))
                                 & (~f.max_abs_en | f.row_max_en | f.group_max_en),
                                 "fpatr_enables_ok")
         ior = b.ior
-        i2c_bindings_ok = _sig(fm, (b.local_count == 1) & (b.dest_count == 1) & b.terminated,
+        i2c_bindings_ok = _reg(fm, (b.local_count == 1) & (b.dest_count == 1) & b.terminated,
                                "i2c_bindings_ok")
-        i2c_ior_ok = _sig(fm, ~b.ior_valid | ((ior.reg_src2 == 0) & (ior.reg_dst == 0)),
+        i2c_ior_ok = _reg(fm, ~b.ior_valid | ((ior.reg_src2 == 0) & (ior.reg_dst == 0)),
                           "i2c_ior_ok")
-        i2c_dims_ok = _sig(fm, b.dims[0].written
+        i2c_dims_ok = _reg(fm, b.dims[0].written
                            & Cat(*[~b.dims[i].written | (x.dims[i] != 0) for i in range(3)]).all(),
                            "i2c_dims_ok")
 
         def pow2(v):
             return (v != 0) & ((v & (v - 1)) == 0)
 
-        dims_ok = _sig(fm, Mux(x.sc != 0, pow2(dm) & pow2(dn) & pow2(dk),
+        dims_ok = _reg(fm, Mux(x.sc != 0, pow2(dm) & pow2(dn) & pow2(dk),
                                (dm != 0) & (dn != 0) & (dk != 0)), "dims_ok")
         rmode = Mux(b.datr_valid, b.datr.rmode, 0)
         sat = Mux(b.datr_valid, b.datr.sat, 0)
-        attributes_ok = _sig(fm, ((rmode == 0) | x.mode["rmode_free"])
-                             & (~sat | x.mode["sat_free"]) & ((x.n_slots == 0) | b.ior_valid),
+        attributes_ok = _reg(fm, ((rmode == 0) | xc.mode["rmode_free"])
+                             & (~sat | xc.mode["sat_free"]) & ((xc.n_slots == 0) | b.ior_valid),
                              "attributes_ok")
-        datr_ok = _sig(fm, ~b.datr_valid | ((b.datr.layout == 0) & (b.datr.pad == 0)
+        datr_ok = _reg(fm, ~b.datr_valid | ((b.datr.layout == 0) & (b.datr.pad == 0)
                                             & (b.datr.cmode == 0) & (b.datr.canonicalize == 0)),
                        "datr_ok")
-        trans_ok = _sig(fm, Mux(x.sc == 0, ~f.trans_a & ~f.trans_b, ~f.trans_a | x.a_shared),
+        trans_ok = _reg(fm, Mux(x.sc == 0, ~f.trans_a & ~f.trans_b, ~f.trans_a | xc.a_shared),
                         "trans_ok")
-        acc_ok = _sig(fm, x.mode["built"] & ((f.pre_quant_mode == 0) | (x.mode["source"] == acc)),
-                      "acc_ok")
-        cd_ok = _sig(fm, ~x.uses_acc | (b.local_sources[0] != b.destinations[0].hand), "cd_ok")
+        acc_ok = _reg(fm, xc.mode["built"]
+                      & ((f.pre_quant_mode == 0) | (xc.mode["source"] == xc.acc)), "acc_ok")
+        cd_ok = _reg(fm, ~xc.uses_acc | (b.local_sources[0] != b.destinations[0].hand), "cd_ok")
+        gemv_ok = _reg(fm, ~xc.is_gemv | (dm == 1), "gemv_ok")
+        d_fits = _reg(fm, (xc.tsize_cells[0] << 7) <= tile_capacity, "d_fits")
 
         # Step 10: each selected PE's M layout (A's, else C's, else from M) must hold M.
+        # Registers of ``r.pe_layout``, which the last read's answer set four cycles or more
+        # before M_LAYOUT (the MATH phases' drain and CD_INDEX).
         have_layout = x.a_local | x.uses_acc
-        m_layouts = [_sig(fm, Mux(have_layout, r.pe_layout[pe],
-                                 Mux(dm <= 16, Layout.CUBE_M16, Layout.CUBE_M32)),
+        m_layouts = [_reg(fm, Mux(have_layout, r.pe_layout[pe],
+                                  Mux(dm_le16, Layout.CUBE_M16, Layout.CUBE_M32)),
                           f"m_layout{pe}") for pe in range(PE_COUNT)]
-        m_layout_bad = _sig(fm, Cat(*[x.selected[pe] & ~(
-            ((m_layouts[pe] == Layout.CUBE_M16) & (dm <= 16))
-            | ((m_layouts[pe] == Layout.CUBE_M32) & (dm <= 32))) for pe in range(PE_COUNT)]),
+        m_layout_bad = _reg(fm, Cat(*[x.selected[pe] & ~(
+            ((m_layouts[pe] == Layout.CUBE_M16) & dm_le16)
+            | ((m_layouts[pe] == Layout.CUBE_M32) & dm_le32)) for pe in range(PE_COUNT)]),
             "m_layout_bad")
         m_layout_fault = _lowest(fm, m_layout_bad, PE_COUNT, "m_layout_bad")
 
-        # Step 11: the lowest free register of each destination's hand (minus those taken
-        # by earlier destinations), the core capacity charge and each PE's memory.
+        # Step 11, three registers deep: the free registers of each destination's hand, less
+        # the k lowest when k earlier destinations name the same hand (they take those);
+        # their lowest; then the verdict.  With the core capacity charge and each PE's memory.
         free = ~self.alloc.allocated
         taken, found_bits = [], []
         for j in range(3):
             hand = b.destinations[j].hand
-            candidates = Signal(16, name=f"alloc_candidates{j}")
-            mask = free.word_select(hand, 16)
-            for hand_i, index_i in taken:
-                mask = mask & ~Mux(hand_i == hand, Const(1, 16) << index_i, 0)
-            fm.d.comb += candidates.eq(mask)
-            found, index = _lowest(fm, candidates, 16, f"alloc{j}")
+            avail = _reg(fm, free.word_select(hand, 16), f"alloc_free{j}")
+            earlier = _reg(fm, sum(b.destinations[i].hand == hand for i in range(j)),
+                           f"alloc_earlier{j}")
+            less1 = avail & (avail - 1)
+            less2 = less1 & (less1 - 1)
+            candidates = _reg(fm, Mux(earlier == 0, avail, Mux(earlier == 1, less1, less2)),
+                              f"alloc_candidates{j}")
+            found, index = first(candidates, 16, f"alloc{j}")
             taken.append((hand, index))
             found_bits.append((j >= b.dest_count) | found)
-        group_bytes = Signal(19, name="group_bytes")         # the TSizes of one PE
-        fm.d.comb += group_bytes.eq(sum(Mux(j < b.dest_count, x.tsize_cells[j], 0)
-                                        for j in range(3)) << 7)
+        group_bytes = _reg(fm, sum(Mux(j < b.dest_count, xc.tsize_cells[j], 0)
+                                   for j in range(3)) << 7, "group_bytes")  # one PE's TSizes
+        pes = _reg(fm, sum(x.selected), "selected_count")
         required = Signal(21, name="required_bytes")
-        fm.d.comb += required.eq(group_bytes * sum(x.selected))
-        pe_fits = Cat(*[~x.selected[pe] | (self.alloc.pe_bytes_in_use[pe] + group_bytes
-                                           <= cfg.tile_bytes_per_pe)
-                        for pe in range(PE_COUNT)])
-        allocation_ok = _sig(fm, Cat(*found_bits).all()
-                             & (self.alloc.capacity_in_use + required <= tile_capacity)
-                             & pe_fits.all(), "allocation_ok")
+        with fm.Switch(pes):
+            for n in range(1, PE_COUNT + 1):
+                with fm.Case(n):
+                    fm.d.sync += required.eq(sum(group_bytes << i for i in range(3) if n >> i & 1))
+            with fm.Default():
+                fm.d.sync += required.eq(0)
+        capacity_ok = _reg(fm, self.alloc.capacity_in_use + required <= tile_capacity,
+                           "capacity_ok")
+        pe_fits = _reg(fm, Cat(*[~x.selected[pe] | (self.alloc.pe_bytes_in_use[pe] + group_bytes
+                                                     <= cfg.tile_bytes_per_pe)
+                                 for pe in range(PE_COUNT)]).all(), "pe_fits")
+        allocation_ok = _sig(fm, Cat(*found_bits).all() & capacity_ok & pe_fits,
+                             "allocation_ok")
 
         # ---- the phases ---------------------------------------------------------------
-        with m.If(~pend_ok):
-            fault(TL, pend_check, pend_pe)
+        # No read is pending in IDLE, VERDICT and HOLD: they do not wait for ``pend_ok``.
+        with m.If(phase == Phase.IDLE):
+            m.d.comb += self.record.ready.eq(1)
+            with m.If(self.record.valid):
+                m.d.sync += rec.eq(self.record.payload)
+                goto(Phase.START)
+        with m.Elif(phase == Phase.VERDICT):
+            m.d.comb += self.verdict.valid.eq(1)
+            with m.If(self.verdict.ready):
+                goto(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
+        with m.Elif(phase == Phase.HOLD):
+            m.d.comb += self.commit_enable.eq(1)
+            with m.If(self.exec_done):
+                goto(Phase.IDLE)
+        with m.Elif(~pend_ok):
+            fault(TL, pend_check, pend_pe_due)
         with m.Else():
             with m.Switch(phase):
-                with m.Case(Phase.IDLE):
-                    m.d.comb += self.record.ready.eq(1)
-                    with m.If(self.record.valid):
-                        m.d.sync += rec.eq(self.record.payload)
-                        goto(Phase.START)
-
                 with m.Case(Phase.START):
                     with m.If(rec.fault != FaultClass.NONE):
-                        fault(rec.fault, Check.RECORD, index=rec.fault_index)
+                        fault(rec.fault, Check.RECORD, record=True)
                     with m.Elif(b.noop):
                         finish(Outcome.NOOP)
+                    with m.Elif(slot == 0):
+                        m.d.sync += slot.eq(1)          # the facts' registers settle
                     with m.Elif(~x.op_known | ~size_codes_ok | fpatr_reserved):
                         fault(II, Check.WELL_FORMED)
                     with m.Elif(x.is_img2col):
@@ -892,21 +1054,22 @@ class Preflight(wiring.Component):
                         fault(TL, Check.WELL_FORMED)
                     with m.Elif(~x.types_ok):
                         fault(TL, Check.TYPES)
-                    with m.Elif(~x.counts_ok):
-                        fault(TL, Check.BINDINGS)
                     with m.Else():
-                        goto(Phase.IOR)
+                        goto(Phase.IOR)       # which checks the counts first
 
                 with m.Case(Phase.IOR):
                     # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
-                    reads = Mux(b.ior_valid, Mux(x.is_img2col, 2, x.n_slots), 0)
+                    # Its first cycle ends step 4b: the binding counts, two registers deep.
+                    reads = ior_reads
                     after = Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC)
-                    with m.If(slot < reads):
+                    with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
+                        fault(TL, Check.BINDINGS)
+                    with m.Elif(slot < reads):
                         reg = Mux(slot[0], ior.reg_src1, ior.reg_src0)
                         m.d.comb += [self.gpr_rd.en.eq(reg != 0), self.gpr_rd.addr.eq(reg)]
                         m.d.sync += [pend.eq(_Pend.GPR), pend_slot.eq(slot), pend_pe.eq(0),
-                                     pend_zero.eq(reg == 0)]
-                    with m.If(slot + 1 >= reads):
+                                     pend_zero.eq(reg == 0), slot.eq(slot + 1)]
+                    with m.Elif(drained | x.is_img2col):      # posM/posK are not checked
                         goto(after)
                     with m.Else():
                         m.d.sync += slot.eq(slot + 1)
@@ -918,7 +1081,7 @@ class Preflight(wiring.Component):
                         fault(TL, Check.DIMENSIONS)
                     with m.Elif(~attributes_ok):
                         fault(TL, Check.ATTRIBUTES)
-                    with m.Elif(x.is_gemv & (dm != 1)):
+                    with m.Elif(~gemv_ok):
                         fault(TL, Check.GEMV_M)
                     with m.Else():
                         goto(Phase.SHARED_ENTRY)
@@ -935,8 +1098,9 @@ class Preflight(wiring.Component):
                     with m.If(slot < x.sc):
                         m.d.comb += [self.shared_rd.en.eq(1),
                                      self.shared_rd.sid.eq(b.shared_sources[slot[:2]])]
-                        m.d.sync += [pend.eq(_Pend.SHARED), pend_slot.eq(slot), pend_pe.eq(0)]
-                    with m.If(slot + 1 >= x.sc):
+                        m.d.sync += [pend.eq(_Pend.SHARED), pend_slot.eq(slot), pend_pe.eq(0),
+                                     slot.eq(slot + 1)]
+                    with m.Elif(drained):
                         goto(Phase.POST_ENTRY)
                     with m.Else():
                         m.d.sync += slot.eq(slot + 1)
@@ -976,8 +1140,10 @@ class Preflight(wiring.Component):
                     found, first = math_first
                     with m.If(found):
                         goto(Phase.MATH_RUN, first)
-                    with m.Else():
+                    with m.Elif(drained):
                         goto(Phase.CD_INDEX)
+                    with m.Else():
+                        m.d.sync += word.eq(word + 1)       # POST_RUN's last checks
 
                 with m.Case(Phase.MATH_RUN):
                     found, nxt = math_next
@@ -985,11 +1151,17 @@ class Preflight(wiring.Component):
                              OperandRole.B_SCALE, OperandRole.BIAS)
                     index = Array([x.index[o] for o in roles])[role]
                     kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
-                    read_tile(slot_pe, index, kind)
-                    with m.If(found):
-                        m.d.sync += slot.eq(nxt)
-                    with m.Else():
+                    # ``word`` counts the cycles after the last read.
+                    with m.If(word == 0):
+                        read_tile(slot_pe, index, kind)
+                        with m.If(found):
+                            m.d.sync += slot.eq(nxt)
+                        with m.Else():
+                            m.d.sync += word.eq(1)
+                    with m.Elif(drained):
                         goto(Phase.CD_INDEX)
+                    with m.Else():
+                        m.d.sync += word.eq(word + 1)
 
                 with m.Case(Phase.CD_INDEX):
                     with m.If(~cd_ok):
@@ -1019,11 +1191,11 @@ class Preflight(wiring.Component):
 
                 with m.Case(Phase.D_SHAPE):
                     found, nxt = pe_next
-                    with m.If(~cube_legal | ((x.tsize_cells[0] << 7) > tile_capacity)):
+                    with m.If(~d_legal | ~d_fits):
                         fault(TA, Check.ALLOCATION, slot[:2])
                     with m.Else():
-                        m.d.sync += [r.d_cells[slot[:2]].eq(cube_need),
-                                     r.d_cell_cols[slot[:2]].eq(cube_cell_cols)]
+                        m.d.sync += [r.d_cells[slot[:2]].eq(d_need),
+                                     r.d_cell_cols[slot[:2]].eq(d_cell_cols)]
                         with m.If(found):
                             m.d.sync += slot.eq(nxt)
                         with m.Else():
@@ -1031,27 +1203,19 @@ class Preflight(wiring.Component):
 
                 with m.Case(Phase.AUX_SHAPE):
                     wanted = Mux(aux_is_group, f.group_max_en, f.row_max_en)
-                    with m.If(wanted & ~ord_legal):
+                    with m.If(wanted & ~Mux(aux_is_group, aux_legal[1], aux_legal[0])):
                         fault(TA, Check.ALLOCATION)
                     with m.Elif(slot == 0):
                         m.d.sync += slot.eq(1)
                     with m.Else():
                         finish(Outcome.APPROVE)
 
-                with m.Case(Phase.VERDICT):
-                    m.d.comb += self.verdict.valid.eq(1)
-                    with m.If(self.verdict.ready):
-                        goto(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
-
-                with m.Case(Phase.HOLD):
-                    m.d.comb += self.commit_enable.eq(1)
-                    with m.If(self.exec_done):
-                        goto(Phase.IDLE)
-
         # ---- outputs ------------------------------------------------------------------
         v = self.verdict.payload
         m.d.comb += [
-            v.outcome.eq(v_outcome), v.fault.eq(v_fault), v.fault_index.eq(v_index),
+            v.outcome.eq(v_outcome), v.fault.eq(v_fault),
+            v.fault_index.eq(Mux(v_outcome == Outcome.FAULT,
+                                 Mux(v_record, rec.fault_index, b.boundary_index), 0)),
             v.check.eq(v_check), v.pe.eq(v_pe),
             self.approve.eq(self.verdict.valid & (v_outcome == Outcome.APPROVE)),
             self.fault.eq(self.verdict.valid & (v_outcome == Outcome.FAULT)),
