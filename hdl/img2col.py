@@ -11,15 +11,17 @@ How it works (``docs/hdl-img2col.md`` has the full design notes):
 * **Setup**, once per window: a short fixed program (:class:`SerialProgram`) runs on one
   multiply-add unit and one serial restoring divider.  It forms the loop-invariant strides,
   the address deltas applied when a counter wraps and the wrap points, and seeds the walk
-  from posM/posK by division.  65 cycles at the default radix, whatever the window size.
+  from posM/posK by division.  56 cycles at the default radix, whatever the window size.
 * **Stream**, one element per cycle.  Row state: the input coordinates ih0 = oh*SH - PT and
   iw0 = ow*SW - PL and the row address.  Column state: c0, kw*DW, kh*DH, the channels left
   before LC (LC - c1*C0) and the column address.  ow, oh, kw and kh need no counters of
-  their own: each wraps when its running coordinate reaches a wrap point computed in setup.
-  Advancing uses adds of precomputed steps and deltas and equality compares only - no
-  multiplier, no divider.  The element's index is row address + column address; it is
-  padding when ih = ih0 + kh*DH or iw = iw0 + kw*DW falls outside the map or c0 is not
-  below LC - c1*C0.
+  their own: each wraps when its running coordinate reaches its last value, computed in
+  setup; an "at its last value" flag per counter, set one step ahead, makes the wrap
+  decision a register.  Advancing uses adds of precomputed steps and deltas and equality
+  compares only - no multiplier, no divider.  Two register stages follow the walk: the
+  element's coordinates and index, then the padding test and the output.  The element's
+  index is row address + column address; it is padding when ih = ih0 + kh*DH or
+  iw = iw0 + kw*DW falls outside the map or c0 is not below LC - c1*C0.
 
 Address arithmetic is modular.  Every real source index is below P = N*D*C1*H*W*C0, which
 preflight bounds by the source tile's element count (at most ``2**index_width``), so all
@@ -33,11 +35,12 @@ elements, ``out_height``/``out_width`` are the model's ``output_shape``, and the
 passed ``check_window``.  A zero ValidRow or ValidCol yields no element.
 """
 
+import functools
 import math
 import operator
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -177,23 +180,39 @@ class DivMod:
 
 
 class SerialProgram:
-    """A fixed sequence of :class:`MulAdd` / :class:`DivMod` steps, run one after another.
+    """A fixed sequence of :class:`MulAdd` / :class:`DivMod` steps on one pipelined
+    multiply-add unit and one serial divider, scheduled when the hardware is built.
 
     The steps are Python objects naming the caller's signals; :meth:`emit` builds the
     hardware into the caller's module so that the steps can write the caller's registers.
-    A multiply-add step takes one cycle; a division ``1 + ceil(dividend_width /
-    radix_bits)`` cycles (restoring division, ``radix_bits`` quotient bits per cycle).
+
+    Both units are pipelined for clock speed, and the schedule is static (:attr:`schedule`):
+    each step issues in the earliest cycle that keeps the program's meaning (a step reads
+    its operands when it issues, after every program-earlier step that writes one of them
+    has written it), so independent steps overlap and may pass a step that waits.  The
+    program counter counts cycles; every issue and every write-back happens at a cycle fixed
+    at elaboration time, and the controls are decoded from the counter a cycle ahead into
+    registers.  Cycle 0 only decodes.
+
+    * A multiply-add registers its operands in its issue cycle, the product in the next and
+      writes ``dst`` in the third (:attr:`muladd_latency` = 3 cycles until ``dst`` can be
+      read).  An independent step can issue in every cycle.
+    * A division loads its operands in its issue cycle, finds ``radix_bits`` quotient bits
+      per cycle (restoring division) for ``ceil(dividend_width / radix_bits)`` cycles and
+      writes its results in the cycle after.  Multiply-adds that do not need its results
+      run meanwhile.
 
     Arithmetic is modulo ``2**width``, or with ``saturate`` unsigned and clamped at
     ``2**width - 1`` (then ``sub`` is not allowed): a clamped value stands for "at least
     that", which keeps range checks on products of 16-bit fields exact.
 
-    Use ``m.d.sync += program.start()`` to run it from step 0; :attr:`busy` is high until
-    the last step has written its result; ``program.stop()`` abandons it.
+    Use ``m.d.sync += program.start()`` to run it from cycle 0; :attr:`busy` is high until
+    the last step has written its result; ``program.stop()`` abandons it (nothing is
+    written after that).
     """
 
     def __init__(self, steps, *, width: int, y_width: int, dividend_width: int,
-                 divisor_width: int, saturate: bool = False, radix_bits: int = 4):
+                 divisor_width: int, saturate: bool = False, radix_bits: int = 2):
         self.steps = tuple(steps)
         if saturate and any(isinstance(s, MulAdd) and s.sub for s in self.steps):
             raise ValueError("a saturating program cannot subtract")
@@ -203,73 +222,183 @@ class SerialProgram:
         self.dividend_width, self.divisor_width = dividend_width, divisor_width
         self.saturate, self.radix_bits = saturate, radix_bits
         self.iterations = math.ceil(dividend_width / radix_bits)
-        self.pc = Signal(range(len(self.steps) + 1), init=len(self.steps), name="program_pc")
-        self._count = Signal(range(self.iterations + 1), name="program_div_count")
+        #: Cycles from a multiply-add's issue until a step can read its result.
+        self.muladd_latency = 3
+        self.schedule = self._schedule()
+        self._enables = []         # write-back enables, filled by emit()
+        self.pc = Signal(range(self.cycles + 1), init=self.cycles, name="program_pc")
+
+    def _latency(self, step) -> int:
+        """Cycles from a step's issue to its write-back."""
+        return self.muladd_latency - 1 if isinstance(step, MulAdd) else self.iterations + 1
+
+    @staticmethod
+    def _operands(step) -> tuple:
+        if isinstance(step, MulAdd):
+            return step.x, step.y, step.z
+        return step.dividend, step.divisor
+
+    @staticmethod
+    def _destinations(step) -> tuple:
+        if isinstance(step, MulAdd):
+            return (step.dst,)
+        return tuple(d for d in (step.quotient, step.remainder) if d is not None)
+
+    def _schedule(self) -> tuple:
+        """(issue cycle, write-back cycle) of every step.
+
+        Steps are placed in program order, each in the earliest free issue cycle that keeps
+        the program's meaning: it reads its operands after the program-earlier steps that
+        write them have written them, writes its registers after the program-earlier steps
+        have read and written them, and uses the divider only while no other division
+        does.  So a step may issue before a program-earlier one that waits for data.
+        """
+        def signals(values):
+            # Keyed by identity: a step depends on the registers, not on their values.
+            return {id(s) for v in values for s in Value.cast(v)._rhs_signals()}
+
+        readable, last_write, last_read = {}, {}, {}    # register -> cycle
+        issued, divisions, plan = set(), [], []
+        for step in self.steps:
+            latency = self._latency(step)
+            reads = signals(self._operands(step))
+            dsts = signals(self._destinations(step))
+            # Cycle 0 decodes the first step's controls.
+            t = max([1] + [readable.get(k, 0) for k in reads]
+                    + [last_write.get(k, -1) + 1 - latency for k in dsts]
+                    + [last_read.get(k, 0) - latency for k in dsts])
+            while t in issued or (isinstance(step, DivMod) and any(
+                    t < end and t + latency > begin for begin, end in divisions)):
+                t += 1
+            issued.add(t)
+            if isinstance(step, DivMod):
+                # The next division may load in the cycle this one's results are taken.
+                divisions.append((t, t + latency))
+            for k in reads:
+                last_read[k] = max(last_read.get(k, 0), t)
+            for k in dsts:
+                readable[k], last_write[k] = t + latency + 1, t + latency
+            plan.append((t, t + latency))
+        return tuple(plan)
 
     @property
     def busy(self) -> Value:
-        """High while a step is still to run."""
-        return self.pc != len(self.steps)
+        """High while a step is still to run or to write back."""
+        return self.pc != self.cycles
 
     @property
     def cycles(self) -> int:
         """Cycles from :meth:`start` until :attr:`busy` falls."""
-        return sum(1 if isinstance(s, MulAdd) else 1 + self.iterations for s in self.steps)
+        return max((write + 1 for _, write in self.schedule), default=0)
 
     def start(self) -> list:
-        """Statements (for ``m.d.sync``) that restart the program at step 0."""
-        return [self.pc.eq(0), self._count.eq(0)]
+        """Statements (for ``m.d.sync``) that restart the program at cycle 0."""
+        return [self.pc.eq(0)]
 
     def stop(self) -> list:
         """Statements (for ``m.d.sync``) that abandon the program."""
-        return [self.pc.eq(len(self.steps)), self._count.eq(0)]
+        return [self.pc.eq(self.cycles), *(enable.eq(0) for enable in self._enables)]
 
     def emit(self, m: Module) -> None:
         """Add the program's datapath and sequencing to ``m``."""
-        x = Signal(self.width, name="mul_x")
+        w = self.width
+        with m.If(self.busy):
+            m.d.sync += self.pc.eq(self.pc + 1)
+
+        def ahead(cycles, name):
+            """A register that is high in each of ``cycles``: decoded from the counter one
+            cycle before, so that no wide decode sits in front of the datapath."""
+            flag = Signal(name=name)
+            m.d.sync += flag.eq(Cat(self.pc == c - 1 for c in cycles).any())
+            return flag
+
+        def select(operands, width, name):
+            """The operand of the step issuing now, as an AND-OR of its sources, each
+            enabled by a flag decoded ahead.  ``operands`` is a list of (cycle, value)."""
+            sources = {}
+            for cycle, value in operands:
+                value = Value.cast(value)
+                sources.setdefault(repr(value), (value, []))[1].append(cycle)
+            terms = []
+            for n, (value, cycles) in enumerate(sources.values()):
+                if isinstance(value, Const) and value.value == 0:
+                    continue
+                source = Signal(width, name=f"{name}_src{n}")
+                m.d.comb += source.eq(value)       # truncated or extended as by .eq()
+                terms.append(source & ahead(cycles, f"{name}_sel{n}").replicate(width))
+            return functools.reduce(operator.or_, terms, Const(0, width))
+
+        muladds = [(issue, step) for step, (issue, _) in zip(self.steps, self.schedule)
+                   if isinstance(step, MulAdd)]
+        divisions = [(issue, step) for step, (issue, _) in zip(self.steps, self.schedule)
+                     if isinstance(step, DivMod)]
+
+        # Multiply-add: operands, then product, then sum - one register stage each.
+        x = Signal(w, name="mul_x")
         y = Signal(self.y_width, name="mul_y")
-        z = Signal(self.width, name="mul_z")
+        z = Signal(w, name="mul_z")
         sub = Signal(name="mul_sub")
+        m.d.sync += [
+            x.eq(select([(i, s.x) for i, s in muladds], w, "mul_x")),
+            y.eq(select([(i, s.y) for i, s in muladds], self.y_width, "mul_y")),
+            z.eq(select([(i, s.z) for i, s in muladds], w, "mul_z")),
+        ]
+        m.d.sync += sub.eq(ahead([i for i, s in muladds if s.sub], "mul_sub_sel"))
+        product = Signal(w + self.y_width if self.saturate else w, name="mul_product")
+        addend, carry = Signal(w, name="mul_addend"), Signal(name="mul_carry")
+        # x*y - z = x*y + ~z + 1 modulo 2**width.
+        m.d.sync += [product.eq(x * y), addend.eq(z ^ sub.replicate(w)), carry.eq(sub)]
         if self.saturate:
-            cap = (1 << self.width) - 1
-            total = x * y + z
-            result = Mux(total > cap, cap, total)
+            low = product[:w] + addend
+            result = Mux(product[w:].any() | low[w], (1 << w) - 1, low[:w])
         else:
-            # x*y - z = x*y + ~z + 1 modulo 2**width.
-            result = (x * y + (z ^ sub.replicate(self.width)) + sub)[:self.width]
+            result = (product + addend + carry)[:w]
 
         # Restoring division, radix_bits quotient bits per cycle.  The quotient register
         # holds the not yet consumed dividend bits below the quotient bits found so far.
-        dividend = Signal(self.dividend_width, name="div_dividend")
-        divisor = Signal(self.divisor_width, name="div_divisor")
-        rem = Signal(self.divisor_width, name="div_rem")
+        # The partial remainder stays below the dividend's range as well as the divisor's,
+        # so a divisor at or above 2**len(trial) never fits: one flag, found at the load,
+        # stands for its high bits and the subtracts stay as short as the remainder.
         quo = Signal(self.iterations * self.radix_bits, name="div_quo")
+        rem = Signal(min(self.divisor_width, len(quo)), name="div_rem")
+        trial_width = len(rem) + 1
+        divisor = Signal(min(self.divisor_width, trial_width), name="div_divisor")
+        too_big = Signal(name="div_divisor_big")
         next_rem, next_quo = rem, quo
         for _ in range(self.radix_bits):
             trial = Cat(next_quo[-1], next_rem)
-            fits = trial >= divisor
-            next_rem = Mux(fits, trial - divisor, trial)[:self.divisor_width]
+            diff = trial - divisor
+            fits = ~too_big & ~diff[-1]         # no borrow
+            next_rem = Mux(fits, diff, trial)[:len(rem)]
             next_quo = Cat(fits, next_quo[:-1])
+        load = ahead([i for i, _ in divisions], "div_load")
+        dividend = select([(i, s.dividend) for i, s in divisions], self.dividend_width,
+                          "div_dividend")
+        full_divisor = select([(i, s.divisor) for i, s in divisions], self.divisor_width,
+                              "div_divisor")
+        with m.If(load):
+            m.d.sync += [quo.eq(dividend), rem.eq(0), divisor.eq(full_divisor),
+                         too_big.eq(full_divisor[len(divisor):].any())]
+        with m.Else():
+            m.d.sync += [quo.eq(next_quo), rem.eq(next_rem)]
 
-        count = self._count
-        with m.Switch(self.pc):
-            for i, step in enumerate(self.steps):
-                with m.Case(i):
-                    if isinstance(step, MulAdd):
-                        m.d.comb += [x.eq(step.x), y.eq(step.y), z.eq(step.z),
-                                     sub.eq(step.sub)]
-                        m.d.sync += [step.dst.eq(result), self.pc.eq(self.pc + 1)]
-                        continue
-                    m.d.comb += [dividend.eq(step.dividend), divisor.eq(step.divisor)]
-                    with m.If(count == 0):
-                        m.d.sync += [quo.eq(dividend), rem.eq(0), count.eq(1)]
-                    with m.Else():
-                        m.d.sync += [quo.eq(next_quo), rem.eq(next_rem), count.eq(count + 1)]
-                        with m.If(count == self.iterations):
-                            m.d.sync += [step.quotient.eq(next_quo), count.eq(0),
-                                         self.pc.eq(self.pc + 1)]
-                            if step.remainder is not None:
-                                m.d.sync += step.remainder.eq(next_rem)
+        # Write-back: per destination register, an enable decoded ahead.
+        writes = {}        # register -> {source: [cycles]}
+        for step, (_, write) in zip(self.steps, self.schedule):
+            if isinstance(step, MulAdd):
+                pairs = [(step.dst, result)]
+            else:
+                pairs = [(step.quotient, quo), (step.remainder, rem)]
+            for dst, value in pairs:
+                if dst is not None:
+                    entry = writes.setdefault(id(dst), (dst, {}))[1]
+                    entry.setdefault(id(value), (value, []))[1].append(write)
+        for n, (dst, sources) in enumerate(writes.values()):
+            for k, (value, cycles) in enumerate(sources.values()):
+                enable = ahead(cycles, f"write{n}_{k}")
+                self._enables.append(enable)
+                with m.If(enable):
+                    m.d.sync += dst.eq(value)
 
 
 # ---------------------------------------------------------------------------
@@ -284,13 +413,15 @@ class Img2ColAddressGenerator(wiring.Component):
     config : CubeConfig
         ``tile_bytes_per_pe`` fixes the source index width (:func:`source_index_width`).
     radix_bits : int
-        Quotient bits per cycle of the setup divider (the default 4 needs 5 cycles per
-        16-bit division; any value >= 1 works).
+        Quotient bits per cycle of the setup divider (the default 2 needs 10 cycles per
+        16-bit division, load and write-back included; any value >= 1 works, but more
+        than 2 lengthens the clock's critical path).
 
     Members
     -------
     cmd : In(stream.Signature(AddressJobLayout))
-        One window to walk; accepted when idle.  The payload is copied on acceptance.
+        One window to walk; accepted when idle and the previous window's elements have
+        left the first output stage.  The payload is copied on acceptance.
     out : Out(stream.Signature(AddressLayout(index_width)))
         The window's elements in destination row-major order, at most one per cycle; the
         payload is registered.  ``index`` is the source storage index (the feature map's
@@ -305,10 +436,10 @@ class Img2ColAddressGenerator(wiring.Component):
     ----------
     setup_cycles : int
         Cycles of the setup program (set when the component is elaborated).  The first
-        element appears ``setup_cycles + 3`` cycles after the command is accepted.
+        element appears ``setup_cycles + 5`` cycles after the command is accepted.
     """
 
-    def __init__(self, config: CubeConfig = CubeConfig(), *, radix_bits: int = 4):
+    def __init__(self, config: CubeConfig = CubeConfig(), *, radix_bits: int = 2):
         self.config = config
         self.radix_bits = radix_bits
         self.index_width = source_index_width(config)
@@ -328,28 +459,38 @@ class Img2ColAddressGenerator(wiring.Component):
         fm = job.fm
         c0_n, kw_n, kh_n = fm.channels_per_group, fm.filter_width, fm.filter_height
 
+        def registers(shape, *names):
+            return tuple(Signal(shape, name=n) for n in names)
+
         # Loop invariants, modulo 2**a_w: the source-index stride of one input row (ws),
         # one channel group (c1s), one (n, d) image (nds); the steps of ow, oh, kw and kh;
         # and the address deltas applied when a counter wraps (see the program below).
-        ws, c1s, nds = (Signal(a_w, name=n) for n in ("w_stride", "c1_stride", "nd_stride"))
-        ow_step, oh_step, kw_step, kh_step = (
-            Signal(a_w, name=n) for n in ("ow_step", "oh_step", "kw_step", "kh_step"))
-        oh_delta, image_delta = Signal(a_w, name="oh_delta"), Signal(a_w, name="image_delta")
-        kw_delta, kh_delta, c1_delta = (
-            Signal(a_w, name=n) for n in ("kw_delta", "kh_delta", "c1_delta"))
-        # Where the coordinate counters wrap, exact: ow wraps when iw0 would reach
-        # outW*SW - PL, oh when ih0 would reach outH*SH - PT, kw when kw*DW would reach
-        # KW*DW, kh when kh*DH would reach KH*DH.  So ow, oh, kw and kh need no counters.
-        iw0_end, ih0_end = Signal(signed(b_w), name="iw0_end"), Signal(signed(b_w),
-                                                                       name="ih0_end")
-        kw_end, kh_end = Signal(b_w, name="kw_off_end"), Signal(b_w, name="kh_off_end")
-        t0, t1 = Signal(b_w, name="t0"), Signal(b_w, name="t1")
-        quotient = Signal(16, name="quotient")
-        image, c1 = Signal(16, name="image"), Signal(16, name="c1_seed")
+        ws, c1s, nds = registers(a_w, "w_stride", "c1_stride", "nd_stride")
+        ow_step, oh_step, kw_step, kh_step = registers(
+            a_w, "ow_step", "oh_step", "kw_step", "kh_step")
+        oh_delta, image_delta, kw_delta, kh_delta, c1_delta = registers(
+            a_w, "oh_delta", "image_delta", "kw_delta", "kh_delta", "c1_delta")
+        # The coordinate counters' first, last and last-but-one values, exact: ow runs
+        # iw0 = -PL .. (outW - 1)*SW - PL in steps of SW, oh runs ih0 = -PT .. (outH - 1)*SH
+        # - PT, kw runs kw*DW = 0 .. (KW - 1)*DW, kh runs kh*DH = 0 .. (KH - 1)*DH and c0
+        # 0 .. C0 - 1.  So ow, oh, kw and kh need no counters of their own, and a flag per
+        # counter, "at its last value", set one step ahead, tells the walk where it wraps.
+        iw0_first, iw0_last, iw0_pen, ih0_first, ih0_last, ih0_pen = registers(
+            signed(b_w), "iw0_first", "iw0_last", "iw0_pen", "ih0_first", "ih0_last",
+            "ih0_pen")
+        c0_last, c0_pen, kw_last, kw_pen, kh_last, kh_pen = registers(
+            b_w, "c0_last", "c0_pen", "kw_off_last", "kw_off_pen", "kh_off_last",
+            "kh_off_pen")
+        tw, th, u0, u1, u2, u3, u4, u5, col_part = registers(
+            b_w, "tw", "th", "u0", "u1", "u2", "u3", "u4", "u5", "col_part")
+        q_m, image, q_k, q_k2, c1, ow_r, oh_r, kw_r, kh_r = registers(
+            16, "pos_m_quotient", "image", "pos_k_quotient", "pos_k_quotient2", "c1_seed",
+            "ow_seed", "oh_seed", "kw_seed", "kh_seed")
 
         # Row state: ih0 = oh*SH - PT, iw0 = ow*SW - PL and the row's address.
         ih0, iw0 = Signal(signed(b_w), name="ih0"), Signal(signed(b_w), name="iw0")
         row_addr = Signal(a_w, name="row_addr")
+        row_part = Signal(b_w, name="row_part")
 
         def column_registers(suffix):
             return {
@@ -362,167 +503,226 @@ class Img2ColAddressGenerator(wiring.Component):
         # Column state: the seed every row starts from, and the running copy.
         seed, col = column_registers("_seed"), column_registers("")
 
+        # Independent steps first where they can wait for nothing; the scheduler overlaps
+        # the multiply-adds with the five divisions, which set the pace.
         program = SerialProgram([
-            # Strides and wrap points.
+            # Seeds: posM -> (image, oh, ow) (n*D + d is the image number), posK -> (c1,
+            # kh, kw, c0).
+            DivMod(q_m, ow_r, job.pos_m, job.out_width),
+            DivMod(q_k, seed["c0"], job.pos_k, c0_n),
+            DivMod(image, oh_r, q_m, job.out_height),
+            DivMod(q_k2, kw_r, q_k, kw_n),
+            DivMod(c1, kh_r, q_k2, kh_n),
+            # Strides and the counters' ends.
             MulAdd(ws, fm.width, c0_n),
-            MulAdd(c1s, ws, fm.height),
-            MulAdd(nds, c1s, fm.channel_groups),
             MulAdd(ow_step, c0_n, fm.stride_width),
-            MulAdd(oh_step, ws, fm.stride_height),
             MulAdd(kw_step, c0_n, fm.dilation_width),
+            MulAdd(c0_last, c0_n, 1, 1, sub=True),
+            MulAdd(kw_last, kw_n, fm.dilation_width, fm.dilation_width, sub=True),
+            MulAdd(kh_last, kh_n, fm.dilation_height, fm.dilation_height, sub=True),
+            MulAdd(iw0_first, 0, 0, fm.pad_left, sub=True),
+            MulAdd(ih0_first, 0, 0, fm.pad_top, sub=True),
+            MulAdd(tw, job.out_width, fm.stride_width, fm.stride_width, sub=True),
+            MulAdd(th, job.out_height, fm.stride_height, fm.stride_height, sub=True),
+            MulAdd(c1s, ws, fm.height),
+            MulAdd(oh_step, ws, fm.stride_height),
             MulAdd(kh_step, ws, fm.dilation_height),
-            MulAdd(kw_end, kw_n, fm.dilation_width),
-            MulAdd(kh_end, kh_n, fm.dilation_height),
-            # ow wraps: oh_delta = ow_step - outW*SW*C0 + oh_step.
-            MulAdd(t0, job.out_width, fm.stride_width),
-            MulAdd(iw0_end, t0, 1, fm.pad_left, sub=True),
-            MulAdd(t0, t0, c0_n, ow_step, sub=True),
-            MulAdd(oh_delta, oh_step, 1, t0, sub=True),
-            # oh wraps too: image_delta = oh_delta - outH*SH*W*C0 + nds.
-            MulAdd(t0, job.out_height, fm.stride_height),
-            MulAdd(ih0_end, t0, 1, fm.pad_top, sub=True),
-            MulAdd(t0, t0, fm.width),
-            MulAdd(t0, t0, c0_n, oh_delta, sub=True),
-            MulAdd(image_delta, nds, 1, t0, sub=True),
-            # c0 wraps: kw_delta = 1 - C0 + kw_step; kw wraps too: kh_delta = kw_delta
-            # - KW*kw_step + kh_step; kh wraps too: c1_delta = kh_delta - KH*kh_step + c1s.
-            MulAdd(t0, c0_n, 1, 1, sub=True),
-            MulAdd(kw_delta, kw_step, 1, t0, sub=True),
-            MulAdd(t0, kw_step, kw_n, kw_delta, sub=True),
-            MulAdd(kh_delta, kh_step, 1, t0, sub=True),
-            MulAdd(t0, kh_step, kh_n, kh_delta, sub=True),
-            MulAdd(c1_delta, c1s, 1, t0, sub=True),
-            # Row seed: posM -> (image, oh, ow) (n*D + d is the image number), then
-            # iw0 = ow*SW - PL, ih0 = oh*SH - PT and the row address.
-            DivMod(quotient, t1, job.pos_m, job.out_width),
-            MulAdd(t0, t1, fm.stride_width),
-            MulAdd(iw0, t0, 1, fm.pad_left, sub=True),
-            DivMod(image, t1, quotient, job.out_height),
-            MulAdd(t0, t1, fm.stride_height),
-            MulAdd(ih0, t0, 1, fm.pad_top, sub=True),
-            MulAdd(t0, ih0, fm.width),
-            MulAdd(t0, t0, c0_n),
-            MulAdd(t0, nds, image, t0),
-            MulAdd(row_addr, iw0, c0_n, t0),
-            # Column seed: posK -> (c1, kh, kw, c0), then kw*DW, kh*DH, LC - c1*C0 and
-            # the column address.
-            DivMod(quotient, seed["c0"], job.pos_k, c0_n),
-            DivMod(quotient, t1, quotient, kw_n),
-            MulAdd(seed["kw_off"], t1, fm.dilation_width),
-            DivMod(c1, t1, quotient, kh_n),
-            MulAdd(seed["kh_off"], t1, fm.dilation_height),
-            MulAdd(t0, c1, c0_n, fm.logical_channels, sub=True),
-            MulAdd(seed["lc_left"], 0, 0, t0, sub=True),
-            MulAdd(t0, c1s, c1, seed["c0"]),
-            MulAdd(t1, seed["kh_off"], fm.width),
-            MulAdd(t0, t1, c0_n, t0),
-            MulAdd(seed["col_addr"], seed["kw_off"], c0_n, t0),
-        ], width=b_w, y_width=16, dividend_width=16, divisor_width=b_w,
+            MulAdd(nds, c1s, fm.channel_groups),
+            MulAdd(c0_pen, c0_last, 1, 1, sub=True),
+            MulAdd(kw_pen, kw_last, 1, fm.dilation_width, sub=True),
+            MulAdd(kh_pen, kh_last, 1, fm.dilation_height, sub=True),
+            MulAdd(iw0_last, tw, 1, fm.pad_left, sub=True),
+            MulAdd(ih0_last, th, 1, fm.pad_top, sub=True),
+            MulAdd(iw0_pen, iw0_last, 1, fm.stride_width, sub=True),
+            MulAdd(ih0_pen, ih0_last, 1, fm.stride_height, sub=True),
+            # Row deltas.  ow wraps: ow_step - outW*SW*C0 + oh_step = oh_step - tw*C0; oh
+            # wraps too: that - outH*SH*W*C0 + nds = nds - oh_step - (th*W*C0 - oh_delta).
+            MulAdd(u0, tw, c0_n),
+            MulAdd(oh_delta, oh_step, 1, u0, sub=True),
+            MulAdd(u1, th, fm.width),
+            MulAdd(u1, u1, c0_n, oh_delta, sub=True),
+            MulAdd(u3, nds, 1, oh_step, sub=True),
+            MulAdd(image_delta, u3, 1, u1, sub=True),
+            # Column deltas.  c0 wraps: 1 - C0 + kw_step; kw wraps too: kw_delta
+            # - KW*kw_step + kh_step; kh wraps too: kh_delta - KH*kh_step + c1s.
+            MulAdd(kw_delta, kw_step, 1, c0_last, sub=True),
+            MulAdd(u2, kw_step, kw_n, kw_delta, sub=True),
+            MulAdd(kh_delta, kh_step, 1, u2, sub=True),
+            MulAdd(u4, kh_step, kh_n, kh_delta, sub=True),
+            MulAdd(c1_delta, c1s, 1, u4, sub=True),
+            # Row seed: iw0 = ow*SW - PL, ih0 = oh*SH - PT, row address image*nds
+            # + (ih0*W + iw0)*C0.
+            MulAdd(iw0, ow_r, fm.stride_width, fm.pad_left, sub=True),
+            MulAdd(ih0, oh_r, fm.stride_height, fm.pad_top, sub=True),
+            MulAdd(row_part, ih0, fm.width, iw0),
+            MulAdd(row_part, row_part, c0_n),
+            MulAdd(row_addr, nds, image, row_part),
+            # Column seed: kw*DW, kh*DH, LC - c1*C0 and the column address
+            # c1*c1s + kh*kh_step + kw*kw_step + c0.
+            MulAdd(seed["kw_off"], kw_r, fm.dilation_width),
+            MulAdd(col_part, kw_step, kw_r, seed["c0"]),
+            MulAdd(seed["kh_off"], kh_r, fm.dilation_height),
+            MulAdd(u5, c1, c0_n, fm.logical_channels, sub=True),
+            MulAdd(seed["lc_left"], 0, 0, u5, sub=True),
+            MulAdd(col_part, kh_step, kh_r, col_part),
+            MulAdd(seed["col_addr"], c1s, c1, col_part),
+        ], width=b_w, y_width=16, dividend_width=16, divisor_width=EXTENT_WIDTH,
             radix_bits=self.radix_bits)
         self.setup_cycles = program.cycles
         program.emit(m)
 
-        # The current element, from the running registers.
-        ih, iw = Signal(signed(b_w), name="ih"), Signal(signed(b_w), name="iw")
-        m.d.comb += [ih.eq(ih0 + col["kh_off"]), iw.eq(iw0 + col["kw_off"])]
-        real = ((ih >= 0) & (ih < fm.height) & (iw >= 0) & (iw < fm.width)
-                & (col["c0"] < col["lc_left"]))
-        cols_left, rows_left = Signal(16, name="cols_left"), Signal(16, name="rows_left")
-        row_last = cols_left == 1
-        last = row_last & (rows_left == 1)
+        # Facts of the setup results the walk starts from or wraps to, registered: they
+        # settle in the cycle after the program ends, and the walk starts a cycle later.
+        fact = {name: Signal(name=name) for name in (
+            "c0_single", "kw_single", "kh_single", "ow_single", "oh_single", "seed_c0_last",
+            "seed_kw_last", "seed_kh_last", "start_ow_last", "start_oh_last", "one_col",
+            "one_row")}
+        m.d.sync += [
+            fact["c0_single"].eq(c0_last == 0), fact["kw_single"].eq(kw_last == 0),
+            fact["kh_single"].eq(kh_last == 0), fact["ow_single"].eq(iw0_last == iw0_first),
+            fact["oh_single"].eq(ih0_last == ih0_first),
+            fact["seed_c0_last"].eq(seed["c0"] == c0_last),
+            fact["seed_kw_last"].eq(seed["kw_off"] == kw_last),
+            fact["seed_kh_last"].eq(seed["kh_off"] == kh_last),
+            fact["start_ow_last"].eq(iw0 == iw0_last), fact["start_oh_last"].eq(ih0 == ih0_last),
+            fact["one_col"].eq(job.valid_col == 1), fact["one_row"].eq(job.valid_row == 1),
+        ]
 
-        out_valid = Signal(name="out_valid")
+        # Walk state besides the coordinates: the remaining columns and rows, and the
+        # "at its last value" flags of c0, kw, kh, ow, oh, the row and the window.
+        cols_left, rows_left = Signal(16, name="cols_left"), Signal(16, name="rows_left")
+        at_last = {name: Signal(name=name + "_at_last") for name in (
+            "c0", "kw", "kh", "ow", "oh", "col", "row")}
+        walk = (seed, col, cols_left, rows_left, at_last, fact)
+
+        # Two register stages after the walk: the element's coordinates and index, then
+        # the output payload with the padding test.  All stages advance together.
+        out_valid, element_valid = Signal(name="out_valid"), Signal(name="element_valid")
+        ih, iw = Signal(signed(b_w), name="ih"), Signal(signed(b_w), name="iw")
+        channel_real = Signal(name="channel_real")
+        element = Signal(AddressLayout(a_w), name="element")    # its pad is found later
         payload = Signal(AddressLayout(a_w), name="out_payload")
+        advance = Signal(name="advance")
         idle = Signal(name="idle")
         m.d.comb += [self.out.valid.eq(out_valid), self.out.payload.eq(payload),
-                     self.busy.eq(~idle | out_valid)]
-        with m.If(self.out.ready):
-            m.d.sync += out_valid.eq(0)
+                     advance.eq(~out_valid | self.out.ready),
+                     self.busy.eq(~idle | element_valid | out_valid)]
+        with m.If(advance):
+            m.d.sync += [out_valid.eq(element_valid), element_valid.eq(0),
+                         payload.eq(element),
+                         payload.pad.eq(~((ih >= 0) & (ih < fm.height) & (iw >= 0)
+                                          & (iw < fm.width) & channel_real))]
 
         with m.FSM(name="walk"):
             with m.State("IDLE"):
-                m.d.comb += [idle.eq(1), self.cmd.ready.eq(~self.abort)]
-                with m.If(self.cmd.valid & ~self.abort):
+                # An element still in the first stage needs this job's map size.
+                m.d.comb += [idle.eq(1), self.cmd.ready.eq(~self.abort & ~element_valid)]
+                with m.If(self.cmd.valid & self.cmd.ready):
                     m.d.sync += [job.eq(self.cmd.payload), *program.start()]
                     m.next = "SETUP"
             with m.State("SETUP"):
                 with m.If(~program.busy):
-                    m.d.sync += [col[k].eq(seed[k]) for k in col]
-                    m.d.sync += [cols_left.eq(job.valid_col), rows_left.eq(job.valid_row)]
-                    with m.If((job.valid_row == 0) | (job.valid_col == 0)):
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.next = "RUN"
+                    m.next = "START"
                 with m.If(self.abort):
                     m.next = "IDLE"
+            with m.State("START"):
+                m.d.sync += [col[k].eq(seed[k]) for k in col]
+                m.d.sync += [cols_left.eq(job.valid_col), rows_left.eq(job.valid_row),
+                             at_last["c0"].eq(fact["seed_c0_last"]),
+                             at_last["kw"].eq(fact["seed_kw_last"]),
+                             at_last["kh"].eq(fact["seed_kh_last"]),
+                             at_last["ow"].eq(fact["start_ow_last"]),
+                             at_last["oh"].eq(fact["start_oh_last"]),
+                             at_last["col"].eq(fact["one_col"]),
+                             at_last["row"].eq(fact["one_row"])]
+                with m.If((job.valid_row == 0) | (job.valid_col == 0) | self.abort):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "RUN"
             with m.State("RUN"):
-                with m.If(~out_valid | self.out.ready):
-                    m.d.sync += [out_valid.eq(1),
-                                 payload.index.eq(row_addr + col["col_addr"]),
-                                 payload.pad.eq(~real),
-                                 payload.row_last.eq(row_last),
-                                 payload.last.eq(last)]
-                    with m.If(row_last):
-                        self._next_row(m, job, seed, col, cols_left, rows_left,
-                                       (ih0, iw0, row_addr), (ih0_end, iw0_end),
+                with m.If(advance):
+                    m.d.sync += [element_valid.eq(1),
+                                 ih.eq(ih0 + col["kh_off"]), iw.eq(iw0 + col["kw_off"]),
+                                 channel_real.eq(col["c0"] < col["lc_left"]),
+                                 element.index.eq(row_addr + col["col_addr"]),
+                                 element.row_last.eq(at_last["col"]),
+                                 element.last.eq(at_last["col"] & at_last["row"])]
+                    with m.If(at_last["col"]):
+                        self._next_row(m, job, walk, (ih0, iw0, row_addr),
+                                       (iw0_first, iw0_pen, ih0_first, ih0_pen),
                                        (ow_step, oh_delta, image_delta))
                     with m.Else():
-                        self._next_column(m, job, col, cols_left, (kw_end, kh_end),
+                        self._next_column(m, job, walk, (c0_pen, kw_pen, kh_pen),
                                           (kw_delta, kh_delta, c1_delta))
-                    with m.If(last):
+                    with m.If(at_last["col"] & at_last["row"]):
                         m.next = "IDLE"
                 with m.If(self.abort):
                     m.next = "IDLE"
         # Last, so that it overrides everything above.
         with m.If(self.abort):
-            m.d.sync += [out_valid.eq(0), *program.stop()]
+            m.d.sync += [out_valid.eq(0), element_valid.eq(0), *program.stop()]
         return m
 
     @staticmethod
-    def _next_column(m, job, col, cols_left, ends, deltas):
-        """Advance (c1, kh, kw, c0) by one: c0 fastest, then kw, kh, c1."""
+    def _next_column(m, job, walk, pens, deltas):
+        """Advance (c1, kh, kw, c0) by one: c0 fastest, then kw, kh, c1.
+
+        A counter's "at last" flag is set when it steps onto its last value (its value
+        now equals the last-but-one) or wraps to a first value that is also the last.
+        """
         fm = job.fm
-        kw_end, kh_end = ends
+        _, col, cols_left, _, at_last, fact = walk
+        c0_pen, kw_pen, kh_pen = pens
         kw_delta, kh_delta, c1_delta = deltas
-        kw_next = col["kw_off"] + fm.dilation_width
-        kh_next = col["kh_off"] + fm.dilation_height
         # One adder for the column address; the wrap pattern picks its delta.
         delta = Signal.like(col["col_addr"], name="col_delta")
-        m.d.sync += [cols_left.eq(cols_left - 1), col["col_addr"].eq(col["col_addr"] + delta)]
-        with m.If(col["c0"] + 1 != fm.channels_per_group):
+        m.d.sync += [cols_left.eq(cols_left - 1), at_last["col"].eq(cols_left == 2),
+                     col["col_addr"].eq(col["col_addr"] + delta)]
+        with m.If(~at_last["c0"]):
             m.d.comb += delta.eq(1)
-            m.d.sync += col["c0"].eq(col["c0"] + 1)
-        with m.Elif(kw_next[:len(kw_end)] != kw_end):
-            m.d.comb += delta.eq(kw_delta)
-            m.d.sync += [col["c0"].eq(0), col["kw_off"].eq(kw_next)]
-        with m.Elif(kh_next[:len(kh_end)] != kh_end):
-            m.d.comb += delta.eq(kh_delta)
-            m.d.sync += [col["c0"].eq(0), col["kw_off"].eq(0), col["kh_off"].eq(kh_next)]
+            m.d.sync += [col["c0"].eq(col["c0"] + 1), at_last["c0"].eq(col["c0"] == c0_pen)]
         with m.Else():
-            m.d.comb += delta.eq(c1_delta)
-            m.d.sync += [col["c0"].eq(0), col["kw_off"].eq(0), col["kh_off"].eq(0),
-                         col["lc_left"].eq(col["lc_left"] - fm.channels_per_group)]
+            m.d.sync += [col["c0"].eq(0), at_last["c0"].eq(fact["c0_single"])]
+            with m.If(~at_last["kw"]):
+                m.d.comb += delta.eq(kw_delta)
+                m.d.sync += [col["kw_off"].eq(col["kw_off"] + fm.dilation_width),
+                             at_last["kw"].eq(col["kw_off"] == kw_pen)]
+            with m.Else():
+                m.d.sync += [col["kw_off"].eq(0), at_last["kw"].eq(fact["kw_single"])]
+                with m.If(~at_last["kh"]):
+                    m.d.comb += delta.eq(kh_delta)
+                    m.d.sync += [col["kh_off"].eq(col["kh_off"] + fm.dilation_height),
+                                 at_last["kh"].eq(col["kh_off"] == kh_pen)]
+                with m.Else():
+                    m.d.comb += delta.eq(c1_delta)
+                    m.d.sync += [col["kh_off"].eq(0), at_last["kh"].eq(fact["kh_single"]),
+                                 col["lc_left"].eq(col["lc_left"] - fm.channels_per_group)]
 
     @staticmethod
-    def _next_row(m, job, seed, col, cols_left, rows_left, row, ends, deltas):
+    def _next_row(m, job, walk, row, ends, deltas):
         """Restart the columns from their seed and advance (image, oh, ow) by one."""
         fm = job.fm
+        seed, col, cols_left, rows_left, at_last, fact = walk
         ih0, iw0, row_addr = row
-        ih0_end, iw0_end = ends
+        iw0_first, iw0_pen, ih0_first, ih0_pen = ends
         ow_step, oh_delta, image_delta = deltas
-        iw0_next = Signal.like(iw0, name="iw0_next")
-        ih0_next = Signal.like(ih0, name="ih0_next")
-        m.d.comb += [iw0_next.eq(iw0 + fm.stride_width), ih0_next.eq(ih0 + fm.stride_height)]
         delta = Signal.like(row_addr, name="row_delta")
         m.d.sync += [col[k].eq(seed[k]) for k in col]
         m.d.sync += [cols_left.eq(job.valid_col), rows_left.eq(rows_left - 1),
+                     at_last["c0"].eq(fact["seed_c0_last"]),
+                     at_last["kw"].eq(fact["seed_kw_last"]),
+                     at_last["kh"].eq(fact["seed_kh_last"]),
+                     at_last["col"].eq(fact["one_col"]), at_last["row"].eq(rows_left == 2),
                      row_addr.eq(row_addr + delta)]
-        with m.If(iw0_next != iw0_end):
+        with m.If(~at_last["ow"]):
             m.d.comb += delta.eq(ow_step)
-            m.d.sync += iw0.eq(iw0_next)
-        with m.Elif(ih0_next != ih0_end):
-            m.d.comb += delta.eq(oh_delta)
-            m.d.sync += [iw0.eq(-fm.pad_left), ih0.eq(ih0_next)]
+            m.d.sync += [iw0.eq(iw0 + fm.stride_width), at_last["ow"].eq(iw0 == iw0_pen)]
         with m.Else():
-            m.d.comb += delta.eq(image_delta)
-            m.d.sync += [iw0.eq(-fm.pad_left), ih0.eq(-fm.pad_top)]
+            m.d.sync += [iw0.eq(iw0_first), at_last["ow"].eq(fact["ow_single"])]
+            with m.If(~at_last["oh"]):
+                m.d.comb += delta.eq(oh_delta)
+                m.d.sync += [ih0.eq(ih0 + fm.stride_height),
+                             at_last["oh"].eq(ih0 == ih0_pen)]
+            with m.Else():
+                m.d.comb += delta.eq(image_delta)
+                m.d.sync += [ih0.eq(ih0_first), at_last["oh"].eq(fact["oh_single"])]

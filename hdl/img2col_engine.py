@@ -188,7 +188,8 @@ class Img2ColEngine(wiring.Component):
         Source reads in flight (and queued padding elements); full throughput needs a
         source latency (request accepted to response valid) below ``fifo_depth``.
     radix_bits : int
-        Quotient bits per cycle of the serial dividers (preflight and address generator).
+        Quotient bits per cycle of the serial dividers (preflight and address generator);
+        the default 2 keeps a division step within one cycle at 100 MHz on ECP5.
 
     Members
     -------
@@ -218,7 +219,7 @@ class Img2ColEngine(wiring.Component):
     """
 
     def __init__(self, config: CubeConfig = CubeConfig(), *, fifo_depth: int = 4,
-                 radix_bits: int = 4):
+                 radix_bits: int = 2):
         if fifo_depth < 1:
             raise ValueError(f"fifo_depth must be at least 1, not {fifo_depth}")
         self.config = config
@@ -253,7 +254,7 @@ class Img2ColEngine(wiring.Component):
         job = Signal(self.job_layout, name="job")
         fm = job.fm
         checks = self._preflight(m, job)
-        program, out_height, out_width, first_failure = checks
+        program, out_height, out_width, first_failure, window_empty = checks
 
         check = Signal(Img2ColCheck, name="check_reg")
         m.d.comb += self.check.eq(check)
@@ -348,7 +349,7 @@ class Img2ColEngine(wiring.Component):
                 m.d.comb += self.busy.eq(1)
                 with m.If(first_failure != Img2ColCheck.NONE):
                     finish(first_failure)
-                with m.Elif((job.valid_row == 0) | (job.valid_col == 0)):
+                with m.Elif(window_empty):
                     finish(Img2ColCheck.NONE)
                 with m.Else():
                     m.d.comb += gen.cmd.valid.eq(1)
@@ -371,81 +372,109 @@ class Img2ColEngine(wiring.Component):
         return m
 
     def _preflight(self, m, job):
-        """Preflight arithmetic and checks; returns (program, outH, outW, first failure)."""
+        """Preflight arithmetic and checks; returns (program, outH, outW, first failure,
+        empty window).
+
+        The first failure is a register: it follows the check conditions one cycle behind,
+        so it holds the verdict on the program's final results in the cycle after the
+        program ends.  Facts of the job alone are registered as they settle during the
+        program (they are stable from the job's acceptance on).
+        """
         fm = job.fm
         index_width = self.index_width
         # Saturating width: above every bound a product is compared with (P against
         # 2**index_width elements; receptive fields, outH/outW and the window against
         # values below 2**18).
         width = max(index_width + 1, EXTENT_WIDTH)
-        names = ("c1c0", "nd", "physical", "rec_h", "rec_w", "im2col_rows", "im2col_cols")
-        c1c0, nd, physical, rec_h, rec_w, rows, cols = (Signal(width, name=n) for n in names)
+        names = ("c1c0", "nd", "physical", "rec_h", "rec_w", "im2col_rows", "im2col_cols",
+                 "padded_h", "padded_w")
+        c1c0, nd, physical, rec_h, rec_w, rows, cols, padded_h, padded_w = (
+            Signal(width, name=n) for n in names)
         out_height = Signal(EXTENT_WIDTH, name="out_height")
         out_width = Signal(EXTENT_WIDTH, name="out_width")
-        # rec = DH*(KH - 1) is the receptive field minus one; the padded input holds the
-        # dilated filter when padded > rec, and then outH = (padded - 1 - rec) // SH + 1.
-        padded_h = fm.height + fm.pad_top + fm.pad_bottom
-        padded_w = fm.width + fm.pad_left + fm.pad_right
+        # rec = DH*(KH - 1) is the receptive field minus one; the padded input (below
+        # 3 * 65535, never clamped) holds the dilated filter when padded > rec, and then
+        # outH = (padded - 1 - rec) // SH + 1; padded + ~rec is padded - 1 - rec.
         program = SerialProgram([
             MulAdd(c1c0, fm.channel_groups, fm.channels_per_group),
             MulAdd(nd, fm.batches, fm.depth),
-            MulAdd(physical, nd, fm.channel_groups),
-            MulAdd(physical, physical, fm.height),
-            MulAdd(physical, physical, fm.width),
-            MulAdd(physical, physical, fm.channels_per_group),
             MulAdd(rec_h, (fm.filter_height - 1)[:16], fm.dilation_height),
             MulAdd(rec_w, (fm.filter_width - 1)[:16], fm.dilation_width),
-            DivMod(out_height, None, (padded_h - 1 - rec_h)[:EXTENT_WIDTH], fm.stride_height),
-            DivMod(out_width, None, (padded_w - 1 - rec_w)[:EXTENT_WIDTH], fm.stride_width),
-            MulAdd(out_height, 1, 1, out_height),
-            MulAdd(out_width, 1, 1, out_width),
-            MulAdd(rows, nd, out_height),
-            MulAdd(rows, rows, out_width),
+            MulAdd(padded_h, fm.height, 1, fm.pad_top),
+            MulAdd(padded_w, fm.width, 1, fm.pad_left),
+            MulAdd(physical, nd, fm.channel_groups),
+            MulAdd(padded_h, padded_h, 1, fm.pad_bottom),
+            MulAdd(padded_w, padded_w, 1, fm.pad_right),
+            DivMod(out_height, None, (padded_h + ~rec_h)[:EXTENT_WIDTH], fm.stride_height),
+            MulAdd(physical, physical, fm.height),
             MulAdd(cols, c1c0, fm.filter_height),
+            MulAdd(physical, physical, fm.width),
             MulAdd(cols, cols, fm.filter_width),
+            MulAdd(physical, physical, fm.channels_per_group),
+            DivMod(out_width, None, (padded_w + ~rec_w)[:EXTENT_WIDTH], fm.stride_width),
+            MulAdd(out_height, 1, 1, out_height),
+            MulAdd(rows, nd, out_height),
+            MulAdd(out_width, 1, 1, out_width),
+            MulAdd(rows, rows, out_width),
         ], width=width, y_width=EXTENT_WIDTH, dividend_width=EXTENT_WIDTH, divisor_width=16,
             saturate=True, radix_bits=self.radix_bits)
         self.preflight_cycles = program.cycles
         program.emit(m)
 
+        # Facts of the job alone, registered.
+        job_facts = {name: Signal(name=name) for name in (
+            "fm_fields_ok", "types_ok", "window_empty")}
+        window_ends = Signal(17, name="window_row_end"), Signal(17, name="window_col_end")
         nonzero = Cat(*(getattr(fm, name) != 0 for name in (
             "batches", "depth", "channel_groups", "height", "width", "channels_per_group",
             "filter_height", "filter_width", "stride_height", "stride_width",
             "dilation_height", "dilation_width", "logical_channels"))).all()
-        feature_map_ok = (fm.valid & (fm.layout <= FeatureMapLayout.NDC1HWC0) & nonzero
-                          & ~fm.transposed
-                          & ((fm.layout == FeatureMapLayout.NDC1HWC0) | (fm.depth == 1))
-                          & (fm.logical_channels <= c1c0) & (physical <= job.src_elements))
         type_ok = Signal(name="type_ok")
         with m.Switch(job.src_dtype):
             with m.Case(*(t.value for t in TIMG2COL_TYPES)):
                 m.d.comb += type_ok.eq(1)
-        types_ok = (type_ok & (job.dtype == job.src_dtype)
-                    & (job.src_layout == Layout.ROW_MAJOR))
+        m.d.sync += [
+            job_facts["fm_fields_ok"].eq(
+                fm.valid & (fm.layout <= FeatureMapLayout.NDC1HWC0) & nonzero & ~fm.transposed
+                & ((fm.layout == FeatureMapLayout.NDC1HWC0) | (fm.depth == 1))),
+            job_facts["types_ok"].eq(type_ok & (job.dtype == job.src_dtype)
+                                     & (job.src_layout == Layout.ROW_MAJOR)),
+            job_facts["window_empty"].eq((job.valid_row == 0) | (job.valid_col == 0)),
+            window_ends[0].eq(job.pos_m + job.valid_row),
+            window_ends[1].eq(job.pos_k + job.valid_col),
+        ]
+        dst_ok, settle = self._destination_shape_ok(m, job)
+        # The registered facts must have settled before the verdict is taken.
+        assert program.cycles > settle + 1
+
+        feature_map_ok = (job_facts["fm_fields_ok"] & (fm.logical_channels <= c1c0)
+                          & (physical <= job.src_elements))
         shape_ok = (padded_h > rec_h) & (padded_w > rec_w)
-        window_ok = ((job.pos_m + job.valid_row <= rows)
-                     & (job.pos_k + job.valid_col <= cols))
+        window_ok = (window_ends[0] <= rows) & (window_ends[1] <= cols)
 
         first_failure = Signal(Img2ColCheck, name="first_failure")
-        ordered = [(self._destination_shape_ok(m, job), Img2ColCheck.DST_SHAPE),
+        failure = Signal(Img2ColCheck, name="first_failure_comb")
+        ordered = [(dst_ok, Img2ColCheck.DST_SHAPE),
                    (job.src_legal, Img2ColCheck.SRC_DESCRIPTOR),
                    (feature_map_ok, Img2ColCheck.FEATURE_MAP),
-                   (types_ok, Img2ColCheck.OPERAND_TYPES),
+                   (job_facts["types_ok"], Img2ColCheck.OPERAND_TYPES),
                    (job.src_matrix, Img2ColCheck.SRC_LOCATION),
                    (shape_ok, Img2ColCheck.OUTPUT_SHAPE),
                    (window_ok, Img2ColCheck.WINDOW)]
         # Reversed, so that the earliest failing check is assigned last and wins.
-        for ok, failure in reversed(ordered):
+        for ok, check in reversed(ordered):
             with m.If(~ok):
-                m.d.comb += first_failure.eq(failure)
-        return program, out_height, out_width, first_failure
+                m.d.comb += failure.eq(check)
+        m.d.sync += first_failure.eq(failure)
+        return program, out_height, out_width, first_failure, job_facts["window_empty"]
 
     def _destination_shape_ok(self, m, job):
         """``ordinary_shape_legal``: ValidRow x ValidCol with Col physical columns in TSize.
 
-        Everything is a power of two, so the rule works on logarithms: TSize is 2**(9 +
-        SizeCode) bits, a row 2**(log2 Col + log2 bits); rows = their quotient must be at
-        most 65535, i.e. 2**15.
+        Returns the verdict (a register) and the cycles it takes to settle after the job
+        changes.  Everything is a power of two, so the rule works on logarithms: TSize is
+        2**(9 + SizeCode) bits, a row 2**(log2 Col + log2 bits); rows = their quotient must
+        be at most 65535, i.e. 2**15.
         """
         size_code, cols = job.dst_size_code, job.dst_cols
         log2_bits = Signal(3, name="dst_log2_bits")
@@ -458,11 +487,22 @@ class Img2ColEngine(wiring.Component):
         for i in range(16):
             with m.If(cols[i]):
                 m.d.comb += log2_cols.eq(i)
-        cols_ok = (cols != 0) & ((cols & (cols - 1)) == 0)
-        size_ok = (size_code >= 1) & (size_code <= self.max_size_code)
+        # First stage: the logarithms and the facts that need no arithmetic on them.
+        row_log2_parts = Signal(signed(7), name="dst_log2_rows_part")
+        columns_ok = Signal(name="dst_columns_ok")
+        m.d.sync += [
+            row_log2_parts.eq(size_code + 9 - log2_bits),
+            columns_ok.eq((cols != 0) & ((cols & (cols - 1)) == 0)
+                          & (size_code >= 1) & (size_code <= self.max_size_code)
+                          & (job.valid_col <= cols)),
+        ]
+        log2_cols_r = Signal(4, name="dst_log2_cols_r")
+        m.d.sync += log2_cols_r.eq(log2_cols)
+        # Second stage: log2 of the rows TSize holds; third: the verdict.
         row_log2 = Signal(signed(7), name="dst_log2_rows")
-        m.d.comb += row_log2.eq(size_code + 9 - log2_cols - log2_bits)
-        rows_ok = (row_log2 >= 0) & (row_log2 <= 15)
-        valid_ok = ((job.valid_row <= (Const(1, 17) << row_log2[:4]))
-                    & (job.valid_col <= cols))
-        return size_ok & cols_ok & rows_ok & valid_ok
+        columns_ok_r = Signal(name="dst_columns_ok_r")
+        m.d.sync += [row_log2.eq(row_log2_parts - log2_cols_r), columns_ok_r.eq(columns_ok)]
+        ok = Signal(name="dst_shape_ok")
+        m.d.sync += ok.eq(columns_ok_r & (row_log2 >= 0) & (row_log2 <= 15)
+                          & (job.valid_row <= (Const(1, 17) << row_log2[:4])))
+        return ok, 3
