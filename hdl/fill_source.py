@@ -20,7 +20,7 @@ from amaranth.lib.wiring import In, Out
 
 from .cell_address import cube_m_bits, extract, word_and_offset
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker, select_block
+from .cube_run import RunLayout, column_outer
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
 
@@ -59,65 +59,141 @@ class FillSource(wiring.Component):
         rows, cols, slots = cfg.rows, cfg.cols, self.slots
         aw = word_addr_width(cfg)
 
+        # Two stages, so that no path runs from the walk through the address arithmetic
+        # into the read client and the fill handshake: the position stage (row ``i``,
+        # slot ``s``, the slot's block) computes the next row's words into one of two
+        # offer registers (``offer<b>_*``, filled and offered in turn), which wait for
+        # their words and for the array.  With two of them the position stage loads when
+        # the next one is free, which does not depend on this cycle's hits.
         i = Signal(range(max(2, rows)))
         s = Signal(range(max(2, slots)))
         zero_sets = Signal(2)
-        step_group = Signal()
-        restart = Signal()
-        blocks, walk_done = block_walker(m, "fill", rows, cols, slots, run.m, run.n,
-                                         restart, step_group)
-        row0, col0, used = select_block(m, blocks, s)
+        col_outer = Signal()
+        space = Signal.like(run.c.space)
+        blk_r, blk_c = Signal(16), Signal(16)      # the block of slot s of this group
+        grp_r, grp_c = Signal(16), Signal(16)      # the block of slot 0 of this group
+        # Kept beside them: whether they exist and their next block positions (r + R,
+        # c + C), so that a step has no adder in front of its compares.
+        blk_used, grp_used = Signal(), Signal()
+        blk_r2, blk_c2 = Signal(16), Signal(16)
+        grp_r2, grp_c2 = Signal(16), Signal(16)
+
+        # The walk's single step (the order of cube_run.block_walker, one block a cycle).
+        wrap = Mux(col_outer, blk_r2 >= run.m, blk_c2 >= run.n)
+        step_r = Mux(col_outer, ~wrap, wrap)
+        reset_r, reset_c = col_outer & wrap, ~col_outer & wrap
+        next_r = Mux(reset_r, 0, Mux(step_r, blk_r2, blk_r))
+        next_c = Mux(reset_c, 0, Mux(~step_r, blk_c2, blk_c))
+        next_r2 = Mux(reset_r, rows, Mux(step_r, blk_r2 + rows, blk_r2))[:16]
+        next_c2 = Mux(reset_c, cols, Mux(~step_r, blk_c2 + cols, blk_c2))[:16]
+        # The next block exists: the outer index stepped (wrap) or not, and only it decides.
+        next_used = Mux(col_outer, Mux(wrap, blk_c2 < run.n, blk_c < run.n),
+                        Mux(wrap, blk_r2 < run.m, blk_r < run.m))
 
         real = Signal()
-        gi = row0 + i
-        lanes, offsets = [], []
+        has = Signal()                             # the position stage holds a row
+        load = Signal()
+        wp = Signal()                              # the offer register the next row goes to
+        rp = Signal()                              # the offer register on offer
+        offer_valid = [Signal(name=f"offer{b}_valid") for b in range(2)]
+        # A lane's need is cleared when its row is taken (the lane asks only while needed).
+        offer_need = [[Signal(name=f"offer{b}_need{j}") for j in range(cols)] for b in range(2)]
+        offer_addr = [[Signal(aw, name=f"offer{b}_addr{j}") for j in range(cols)]
+                      for b in range(2)]
+        offer_off = [[Signal(6, name=f"offer{b}_off{j}") for j in range(cols)]
+                     for b in range(2)]
+        hit = Signal()                             # every lane holds its word
+        m.d.comb += self.fill.valid.eq(Mux(rp, offer_valid[1], offer_valid[0]) & hit)
+        taken = self.fill.valid & self.fill.ready
+        gi = blk_r + i
         for j in range(cols):
-            gj = col0 + j
-            inside = real & used & (gi < run.m) & (gj < run.n)
+            gj = blk_c + j
+            inside = real & blk_used & (gi < run.m) & (gj < run.n)
             c_addr, c_off = word_and_offset(run.c.base, cube_m_bits(run.m32, 5, gi, gj), aw)
             b_addr, b_off = word_and_offset(run.bias.base, gj << 5, aw)
-            need = inside & (run.acc | run.int_bias)
-            lanes.append((need, Mux(run.acc, run.c.space, run.bias.space),
-                          Mux(run.acc, c_addr, b_addr)))
-            offsets.append((need, Mux(run.acc, c_off, b_off)))
+            for b in range(2):
+                with m.If(load & (wp == b)):
+                    m.d.sync += [offer_need[b][j].eq(inside & (run.acc | run.int_bias)),
+                                 offer_addr[b][j].eq(Mux(run.acc, c_addr, b_addr)),
+                                 offer_off[b][j].eq(Mux(run.acc, c_off, b_off))]
+                with m.If(taken & (rp == b)):
+                    m.d.sync += offer_need[b][j].eq(0)
+        lanes, offsets = [], []
+        for j in range(cols):
+            need = Mux(rp, offer_need[1][j], offer_need[0][j])
+            lanes.append((need, space, Mux(rp, offer_addr[1][j], offer_addr[0][j])))
+            offsets.append((need, Mux(rp, offer_off[1][j], offer_off[0][j])))
         all_hit, words = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start)
+        m.d.comb += hit.eq(all_hit)
         for j, (word, (need, off)) in enumerate(zip(words, offsets)):
             m.d.comb += self.fill.payload.data[j].eq(Mux(need, extract(word, off, 5, 32), 0))
 
-        taken = self.fill.valid & self.fill.ready
-        row_done = taken & (s == slots - 1)
-        set_done = row_done & (i == rows - 1)
+        # A load and a take never meet in one register (one is free, the other full).
+        m.d.comb += load.eq(has & ~Mux(wp, offer_valid[1], offer_valid[0]))
+        for b in range(2):
+            with m.If(load & (wp == b)):
+                m.d.sync += offer_valid[b].eq(1)
+            with m.If(taken & (rp == b)):
+                m.d.sync += offer_valid[b].eq(0)
+        with m.If(load):
+            m.d.sync += wp.eq(~wp)
         with m.If(taken):
-            m.d.sync += s.eq(Mux(s == slots - 1, 0, s + 1))
-            with m.If(s == slots - 1):
+            m.d.sync += rp.eq(~rp)
+
+        row_end = s == slots - 1
+        set_end = row_end & (i == rows - 1)
+        with m.If(load):
+            m.d.sync += s.eq(Mux(row_end, 0, s + 1))
+            with m.If(row_end):
                 m.d.sync += i.eq(Mux(i == rows - 1, 0, i + 1))
+            with m.If(real):
+                # The next slot's block; a new row starts again from slot 0's, a new group
+                # from the block after the last slot's.
+                with m.If(~row_end | set_end):
+                    m.d.sync += [blk_r.eq(next_r), blk_c.eq(next_c), blk_used.eq(next_used),
+                                 blk_r2.eq(next_r2), blk_c2.eq(next_c2)]
+                with m.Else():
+                    m.d.sync += [blk_r.eq(grp_r), blk_c.eq(grp_c), blk_used.eq(grp_used),
+                                 blk_r2.eq(grp_r2), blk_c2.eq(grp_c2)]
+                with m.If(set_end):
+                    m.d.sync += [grp_r.eq(next_r), grp_c.eq(next_c), grp_used.eq(next_used),
+                                 grp_r2.eq(next_r2), grp_c2.eq(next_c2)]
 
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
-                    m.d.comb += restart.eq(1)
-                    m.d.sync += [i.eq(0), s.eq(0), zero_sets.eq(2)]
+                    m.d.sync += [i.eq(0), s.eq(0), zero_sets.eq(2), blk_r.eq(0), blk_c.eq(0),
+                                 grp_r.eq(0), grp_c.eq(0), blk_r2.eq(rows), blk_c2.eq(cols),
+                                 grp_r2.eq(rows), grp_c2.eq(cols)]
                     m.next = "START"
             with m.State("START"):
+                outer = column_outer(cols, run.m, run.n)
+                first_used = Mux(outer, run.n != 0, run.m != 0)
+                m.d.sync += [col_outer.eq(outer), blk_used.eq(first_used),
+                             grp_used.eq(first_used),
+                             space.eq(Mux(run.acc, run.c.space, run.bias.space))]
                 with m.If(self.fresh):
                     m.next = "RESET"
                 with m.Else():
                     m.next = "REAL"
             with m.State("RESET"):
-                m.d.comb += self.fill.valid.eq(1)
-                with m.If(set_done):
+                m.d.comb += has.eq(1)
+                with m.If(load & set_end):
                     m.next = "REAL"
             with m.State("REAL"):
-                with m.If(walk_done):
+                # A group whose slot 0 has no block is the one after the last.
+                with m.If((i == 0) & (s == 0) & ~blk_used):
                     m.next = "ZEROS"
                 with m.Else():
-                    m.d.comb += [real.eq(1), self.fill.valid.eq(all_hit)]
-                    m.d.comb += step_group.eq(set_done)
+                    m.d.comb += [real.eq(1), has.eq(1)]
             with m.State("ZEROS"):
-                m.d.comb += self.fill.valid.eq(1)
-                with m.If(set_done):
+                m.d.comb += has.eq(1)
+                with m.If(load & set_end):
                     m.d.sync += zero_sets.eq(zero_sets - 1)
                     with m.If(zero_sets == 1):
-                        m.next = "IDLE"
+                        m.next = "FLUSH"
+            with m.State("FLUSH"):
+                with m.If(~offer_valid[0] & ~offer_valid[1]):
+                    m.next = "IDLE"
         return m

@@ -253,7 +253,7 @@ class PostProcess(wiring.Component):
                             red.first.eq(first), red.last.eq(last), red.seed.eq(beat.rowmax_in),
                             red.seed_en.eq(seed_en)]
             reducers[name] = red
-        assert conv.latency == MaxReduce.latency
+        assert all(conv.latency == red.latency for red in reducers.values())
         marks = {"valid": self.acc_in.valid, "last": beat.last, "group_last": group_last}
         stages = [marks]
         for k in range(conv.latency):

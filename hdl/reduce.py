@@ -89,19 +89,21 @@ class MaxReduce(wiring.Component):
         operand (RowMaxInit); sampled with ``last``.
     result : Out(32)
         The group's MAX (raw accumulator-type bits), ``latency`` cycles after its last value.
+        ``latency`` is 3 with one entry; with several, the entry's state is read in a stage
+        of its own (4).
     flags : Out(5)
         Flags raised by the operands of this cycle's value: NV for an sNaN that takes part
         in a fold step, OF for |INT_MIN|; the seed's with the last value.
     """
-
-    #: Cycles from ``value`` to ``result``/``flags`` (operand, fold and final registers).
-    latency = 3
 
     def __init__(self, sources, entries: int = 1):
         if entries < 1:
             raise ValueError(f"entries must be at least 1, not {entries}")
         self.sources = frozenset(SrcKind(s) for s in sources)
         self.entries = entries
+        #: Cycles from ``value`` to ``result``/``flags`` (operand, [state read,] fold and
+        #: final registers).
+        self.latency = 3 if entries == 1 else 4
         super().__init__({"src": In(SrcKind), "max_abs": In(1), "valid": In(1),
                           "index": In(max(1, (entries - 1).bit_length())),
                           "value": In(32), "first": In(1), "last": In(1), "seed": In(32),
@@ -128,17 +130,36 @@ class MaxReduce(wiring.Component):
         # The fold: each entry's state register holds the MAX of its group so far.
         state_keys = Array(Signal(32, name=f"state{e}_key") for e in range(self.entries))
         state_nans = Array(Signal(name=f"state{e}_nan") for e in range(self.entries))
-        state_key, state_nan = state_keys[s1["index"]], state_nans[s1["index"]]
-        folded = _max({"key": state_key, "nan": state_nan}, {"key": s1["key"], "nan": s1["nan"]})
-        with m.If(s1["valid"]):
-            m.d.sync += [state_key.eq(Mux(s1["first"], s1["key"], folded["key"])),
-                         state_nan.eq(Mux(s1["first"], s1["nan"], folded["nan"]))]
-        s2 = pipeline_boundary(m, True, "fold", stepped=s1["stepped"], raw=s1["raw"],
-                               seed_key=s1["seed_key"], seed_nan=s1["seed_nan"],
-                               seed_en=s1["seed_en"], flags=s1["flags"], index=s1["index"])
+        # The last fold's outcome (the state it wrote), also the next stage's total.
+        last_key = Signal(32)
+        last_nan = Signal()
+        if self.entries == 1:
+            fold_in = s1
+            prior = {"key": state_keys[0], "nan": state_nans[0]}
+        else:
+            # Several entries: the entry's state is read one stage ahead (the wide read
+            # multiplexer gets a cycle of its own); a value of the entry the previous value
+            # folded into takes that fold's outcome instead (it is written as this reads).
+            fold_in = pipeline_boundary(
+                m, True, "read", **s1,
+                read_key=state_keys[s1["index"]], read_nan=state_nans[s1["index"]])
+            chained = fold_in["chained"] = Signal(name="read_chained")
+            m.d.sync += chained.eq(fold_in["valid"] & (fold_in["index"] == s1["index"]))
+            prior = {"key": Mux(fold_in["chained"], last_key, fold_in["read_key"]),
+                     "nan": Mux(fold_in["chained"], last_nan, fold_in["read_nan"])}
+        folded = _max(prior, {"key": fold_in["key"], "nan": fold_in["nan"]})
+        new_key = Mux(fold_in["first"], fold_in["key"], folded["key"])
+        new_nan = Mux(fold_in["first"], fold_in["nan"], folded["nan"])
+        with m.If(fold_in["valid"]):
+            m.d.sync += [state_keys[fold_in["index"]].eq(new_key),
+                         state_nans[fold_in["index"]].eq(new_nan)]
+        m.d.sync += [last_key.eq(new_key), last_nan.eq(new_nan)]
+        s2 = pipeline_boundary(m, True, "fold", stepped=fold_in["stepped"], raw=fold_in["raw"],
+                               seed_key=fold_in["seed_key"], seed_nan=fold_in["seed_nan"],
+                               seed_en=fold_in["seed_en"], flags=fold_in["flags"])
 
         # One stage later the state includes this value: fold the seed in and decode.
-        total = {"key": state_keys[s2["index"]], "nan": state_nans[s2["index"]]}
+        total = {"key": last_key, "nan": last_nan}
         seeded = _max({"key": s2["seed_key"], "nan": s2["seed_nan"]}, total)
         best_key = Mux(s2["seed_en"], seeded["key"], total["key"])
         best_nan = Mux(s2["seed_en"], seeded["nan"], total["nan"])

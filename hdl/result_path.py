@@ -131,8 +131,15 @@ class ResultPath(wiring.Component):
         buf = Signal(data.ArrayLayout(32, cols))
         buf_bank = Signal(row_bits)
         buf_row = Signal(16)
-        buf_col0 = Signal(16)
         ser_j = Signal(range(cols + 1))
+        # The serializer's position facts live in registers (set when a row piece is loaded,
+        # stepped with each element) so that no adder sits in front of the element handshake.
+        gj = Signal(16)
+        elt = Signal()
+        row_last = Signal()
+        col_first = Signal()
+        q_addr = Signal(aw)
+        a_addr = Signal(aw)
         buf_free = Signal()
         m.d.comb += self.drain.ready.eq(running & ((junk != 0) | (~walk_done & buf_free)))
         got = self.drain.valid & self.drain.ready
@@ -145,7 +152,11 @@ class ResultPath(wiring.Component):
         keep = got & (junk == 0) & used & (row0 + d_row < run.m)
         with m.If(keep):
             m.d.sync += [buf_valid.eq(1), buf.eq(self.drain.payload.data), buf_bank.eq(d_row),
-                         buf_row.eq(row0 + d_row), buf_col0.eq(col0), ser_j.eq(0)]
+                         buf_row.eq(row0 + d_row), ser_j.eq(0), gj.eq(col0),
+                         elt.eq(col0 < run.n), row_last.eq(col0 + 1 == run.n),
+                         col_first.eq(col0 == 0),
+                         q_addr.eq((run.quant.base << 4) + col0),
+                         a_addr.eq((run.alpha.base << 4) + col0)]
 
         # ------------------------------------------------------------------
         # Serializer: one element per cycle into PostProcess and the reductions
@@ -161,21 +172,17 @@ class ResultPath(wiring.Component):
             post.clear.eq(self.clear),
         ]
         gi = buf_row
-        gj = (buf_col0 + ser_j)[:16]
-        row_last = gj + 1 == run.n
         elem = Signal(32)
         with m.Switch(ser_j):
             for j in range(cols):
                 with m.Case(j):
                     m.d.comb += elem.eq(buf[j])
-        element = buf_valid & (ser_j < cols) & (gj < run.n)
+        element = buf_valid & elt
         m.d.comb += buf_free.eq(~buf_valid | ~element)
 
         need_quant = element & (plan.quant_source == ParamSource.VECTOR)
         need_alpha = element & (plan.alpha_source == ParamSource.VECTOR)
         need_seed = element & plan.row_max & plan.row_max_init & row_last
-        q_addr, _ = word_and_offset(run.quant.base, gj << 6, aw)
-        a_addr, _ = word_and_offset(run.alpha.base, gj << 6, aw)
         s_addr, s_off = word_and_offset(run.rowmax_in.base,
                                         row_major_bits(5, run.rowmax_in.log2p, gi, 0), aw)
         params_hit, (q_word, a_word, s_word) = lane_cache(
@@ -190,14 +197,19 @@ class ResultPath(wiring.Component):
         row_index = gi[:(MAX_ROWS - 1).bit_length()]
         gcol = Array(Signal(8, name=f"gcol{r}") for r in range(MAX_ROWS))
         gidx = Array(Signal(16, name=f"gidx{r}") for r in range(MAX_ROWS))
+        # The current row's position in registers: looked up when a piece is loaded (no
+        # element is pushed in that cycle, so the previous piece's update is in), stepped
+        # with each element and written back to the row's entry.
         cur_gcol = Signal(8)
         cur_gidx = Signal(16)
-        m.d.comb += [cur_gcol.eq(Mux(gj == 0, 0, gcol[row_index])),
-                     cur_gidx.eq(Mux(gj == 0, 0, gidx[row_index]))]
-        group_last = row_last | (cur_gcol + 1 == plan.group_n)
+        group_hit = Signal()                       # cur_gcol = GroupN - 1
+        # GroupN - 1 (all ones without GroupMax: never reached), registered from the plan.
+        group_end = Signal(9)
+        m.d.sync += group_end.eq(plan.group_n - 1)
+        group_last = row_last | group_hit
         reduces = (plan.row_max & row_last) | (plan.group_max & group_last)
 
-        # The reductions (one fold state per output row) and their 3-cycle delay line.
+        # The reductions (one fold state per output row) and their delay line.
         src = Signal(SrcKind)
         with m.Switch(plan.acc_type):
             with m.Case(int(DataType.S32)):
@@ -206,9 +218,10 @@ class ResultPath(wiring.Component):
                 m.d.comb += src.eq(SrcKind.U32)
         sources = ({SrcKind.FP32} if cfg.float_types else set()) | \
             ({SrcKind.S32, SrcKind.U32} if cfg.int_types else set())
+        reductions = {kind: MaxReduce(sources, MAX_ROWS) for kind in ("row", "group")}
         line = [Signal(data.StructLayout({"valid": 1, "row": 16,
                                           "group": 16, "row_last": 1, "group_last": 1}),
-                       name=f"red_line{t}") for t in range(MaxReduce.latency)]
+                       name=f"red_line{t}") for t in range(reductions["row"].latency)]
         red_busy = Cat(*(st.valid & (st.row_last | st.group_last) for st in line)).any()
 
         row_hold_valid = Signal()
@@ -217,31 +230,40 @@ class ResultPath(wiring.Component):
 
         m.submodules.coords = coords = fifo.SyncFIFOBuffered(width=row_bits + 32, depth=8)
         push = Signal()
-        m.d.comb += push.eq(element & params_hit & post.acc_in.ready & coords.w_rdy
-                            & pre_done & ~(reduces & red_busy))
+        m.d.comb += push.eq(element & params_hit & coords.w_rdy & pre_done
+                            & ~(reduces & red_busy))
         m.d.comb += [
             post.acc_in.valid.eq(push),
             post.acc_in.payload.p.eq(elem), post.acc_in.payload.last.eq(row_last),
             post.acc_in.payload.quant.eq(q_word), post.acc_in.payload.alpha.eq(a_word),
             coords.w_en.eq(push), coords.w_data.eq(Cat(buf_bank, gi, gj)),
         ]
+        next_gcol = Mux(group_last, 0, cur_gcol + 1)[:8]
+        next_gidx = Mux(group_last, cur_gidx + 1, cur_gidx)[:16]
         with m.If(push):
-            m.d.sync += [ser_j.eq(ser_j + 1),
-                         gcol[row_index].eq(Mux(group_last, 0, cur_gcol + 1)),
-                         gidx[row_index].eq(Mux(group_last, cur_gidx + 1, cur_gidx))]
+            m.d.sync += [ser_j.eq(ser_j + 1), gj.eq(gj + 1), col_first.eq(0),
+                         elt.eq((ser_j + 1 < cols) & (gj + 1 < run.n)),
+                         row_last.eq(gj + 2 == run.n),
+                         q_addr.eq(q_addr + 1), a_addr.eq(a_addr + 1),
+                         gcol[row_index].eq(next_gcol), gidx[row_index].eq(next_gidx),
+                         cur_gcol.eq(next_gcol), cur_gidx.eq(next_gidx),
+                         group_hit.eq(next_gcol == group_end)]
+        with m.If(keep):
+            new_row = (row0 + d_row)[:len(row_index)]
+            new_gcol = Mux(col0 == 0, 0, gcol[new_row])
+            m.d.sync += [cur_gcol.eq(new_gcol), cur_gidx.eq(Mux(col0 == 0, 0, gidx[new_row])),
+                         group_hit.eq(new_gcol == group_end)]
         with m.If(buf_valid & ~element):
             m.d.sync += buf_valid.eq(0)
         with m.If(keep):
             m.d.sync += buf_valid.eq(1)
 
-        reductions = {}
-        for kind, first, last, seed_en in (("row", gj == 0, row_last, plan.row_max_init),
+        for kind, first, last, seed_en in (("row", col_first, row_last, plan.row_max_init),
                                            ("group", cur_gcol == 0, group_last, 0)):
-            red = m.submodules[f"{kind}_max"] = MaxReduce(sources, MAX_ROWS)
+            red = m.submodules[f"{kind}_max"] = reductions[kind]
             m.d.comb += [red.src.eq(src), red.max_abs.eq(plan.max_abs), red.valid.eq(push),
                          red.index.eq(row_index), red.value.eq(elem), red.first.eq(first),
                          red.last.eq(last), red.seed.eq(seed), red.seed_en.eq(seed_en)]
-            reductions[kind] = red
         m.d.sync += line[0].eq(Cat(push, gi, cur_gidx, row_last & plan.row_max,
                                    group_last & plan.group_max))
         for t in range(1, len(line)):
@@ -273,15 +295,24 @@ class ResultPath(wiring.Component):
         # ------------------------------------------------------------------
         # D words: one assembly register per bank
         # ------------------------------------------------------------------
-        d_beat = post.d_out.payload
+        # PostProcess never waits: its beats queue in ``dq`` beside their coordinates.  An
+        # element enters ``coords`` when it enters PostProcess and leaves both queues
+        # together, so ``dq`` never holds more beats than ``coords`` entries.
+        m.submodules.dq = dq = fifo.SyncFIFOBuffered(width=32, depth=coords.depth)
+        m.d.comb += [post.d_out.ready.eq(1), dq.w_en.eq(post.d_out.valid),
+                     dq.w_data.eq(post.d_out.payload.d)]
         c_bank = coords.r_data[:row_bits]
         c_row = coords.r_data[row_bits:row_bits + 16]
         c_col = coords.r_data[row_bits + 16:row_bits + 32]
-        d_addr, d_off = word_and_offset(run.d.base,
-                                        cube_m_bits(run.m32, run.d_log2w, c_row, c_col), aw)
-        d_ins = (extract(d_beat.d, 0, run.d_log2w, 32) << d_off)[:64]
-        d_mask = byte_mask(run.d_log2w, d_off)
-        d_row_end = c_col + 1 == run.n
+        e_addr, e_off = word_and_offset(run.d.base,
+                                            cube_m_bits(run.m32, run.d_log2w, c_row, c_col), aw)
+        # The writer works on a register of the element's word, bits and mask.
+        d_valid = Signal()
+        d_bank = Signal(row_bits)
+        d_addr = Signal(aw)
+        d_ins = Signal(64)
+        d_mask = Signal(8)
+        d_row_end = Signal()
 
         asm_valid = [Signal(name=f"asm{b}_valid") for b in range(rows)]
         asm_addr = [Signal(aw, name=f"asm{b}_addr") for b in range(rows)]
@@ -292,7 +323,7 @@ class ResultPath(wiring.Component):
         cur_data = Signal(64)
         cur_mask = Signal(8)
         for b in range(rows):
-            with m.If(c_bank == b):
+            with m.If(d_bank == b):
                 m.d.comb += [cur_valid.eq(asm_valid[b]), cur_addr.eq(asm_addr[b]),
                              cur_data.eq(asm_data[b]), cur_mask.eq(asm_mask[b])]
         wr_d = Signal(MemWriteLayout(cfg))
@@ -306,13 +337,21 @@ class ResultPath(wiring.Component):
         # ends its row waits a cycle (two words to write).
         d_taken = Signal()
         d_free = ~wr_d_valid | d_taken
-        d_here = post.d_out.valid & d_free
-        m.d.comb += [post.d_out.ready.eq(d_free & ~(conflict & d_row_end)),
-                     coords.r_en.eq(post.d_out.valid & post.d_out.ready)]
+        d_here = d_valid & d_free
+        d_used = d_here & ~(conflict & d_row_end)
+        d_load = coords.r_rdy & dq.r_rdy & (~d_valid | d_used)
+        m.d.comb += [coords.r_en.eq(d_load), dq.r_en.eq(d_load)]
+        with m.If(d_load):
+            m.d.sync += [d_valid.eq(1), d_bank.eq(c_bank), d_addr.eq(e_addr),
+                         d_ins.eq((extract(dq.r_data, 0, run.d_log2w, 32) << e_off)[:64]),
+                         d_mask.eq(byte_mask(run.d_log2w, e_off)),
+                         d_row_end.eq(c_col + 1 == run.n)]
+        with m.Elif(d_used):
+            m.d.sync += d_valid.eq(0)
         with m.If(d_taken):
             m.d.sync += wr_d_valid.eq(0)
         for b in range(rows):
-            with m.If(d_here & (c_bank == b)):
+            with m.If(d_here & (d_bank == b)):
                 with m.If(conflict):
                     m.d.sync += [asm_valid[b].eq(~d_row_end), asm_addr[b].eq(d_addr),
                                  asm_data[b].eq(d_ins), asm_mask[b].eq(d_mask),
@@ -355,7 +394,7 @@ class ResultPath(wiring.Component):
         # ------------------------------------------------------------------
         # Run control
         # ------------------------------------------------------------------
-        idle_inside = ~buf_valid & ~post.busy & ~post.d_out.valid & ~coords.r_rdy \
+        idle_inside = ~buf_valid & ~post.busy & ~post.d_out.valid & ~coords.r_rdy & ~d_valid \
             & ~Cat(*(st.valid for st in line)).any() & ~row_hold_valid & ~group_hold_valid \
             & ~wr_d_valid & pre_done
         with m.FSM():
