@@ -352,25 +352,34 @@ class TileStore(wiring.Component):
         scan_base = Signal(cw + 1)
         m.d.comb += [scan_found.eq(found), scan_base.eq(found_base)]
 
-        # One range-mask generator for marking / freeing CELLs.
+        # One range-mask generator for marking / freeing CELLs.  The request is registered
+        # and the bitmap changes a cycle later, so the scan and the mask are not one path;
+        # no scan reads the bitmap in the cycle after a mark (a scan state always follows
+        # PLACE_NEXT, CFG_SCAN a new command).
         mark_space = Signal(3)
         mark_base = Signal(cw + 1)
         mark_count = Signal(13)
         mark_set = Signal()
         mark_clear = Signal()
+        marking = {name: Signal.like(value, name=f"{name}_r") for name, value in (
+            ("space", mark_space), ("base", mark_base), ("count", mark_count),
+            ("set", mark_set), ("clear", mark_clear))}
+        m.d.sync += [marking["space"].eq(mark_space), marking["base"].eq(mark_base),
+                     marking["count"].eq(mark_count), marking["set"].eq(mark_set),
+                     marking["clear"].eq(mark_clear)]
         # Bit i: base <= i < base + count.  Compared per bit: a variable shift of a wide
         # constant would make a huge (and slow to elaborate) shifter.
         mark_end = Signal(cw + 14)
         range_mask = Signal(max(pad))
-        m.d.comb += mark_end.eq(mark_base + mark_count)
+        m.d.comb += mark_end.eq(marking["base"] + marking["count"])
         for i in range(max(pad)):
-            m.d.comb += range_mask[i].eq((mark_base <= i) & (mark_end > i))
+            m.d.comb += range_mask[i].eq((marking["base"] <= i) & (mark_end > i))
         for s in spaces:
             mask = range_mask[:pad[s]]
-            with m.If(mark_space == s):
-                with m.If(mark_set):
+            with m.If(marking["space"] == s):
+                with m.If(marking["set"]):
                     m.d.sync += bitmap[s].eq(bitmap[s] | mask)
-                with m.If(mark_clear):
+                with m.If(marking["clear"]):
                     m.d.sync += bitmap[s].eq(bitmap[s] & ~mask)
 
         # Facts of the host command's register: its entries were read when the command was
