@@ -35,7 +35,7 @@ from amaranth.lib import wiring
 from .pnr import DEVICES, ToolError, cell_counts, synthesize, tool
 
 __all__ = ["FAMILIES", "UNIT_EXPAND", "Part", "PartFigures", "Breakdown",
-           "parts", "each_part", "cached_figures", "measure", "breakdown", "unit_breakdown", "bench_breakdown",
+           "parts", "each_part", "cached_figures", "measure_cached", "measure", "breakdown", "unit_breakdown", "bench_breakdown",
            "BENCH_BREAKDOWNS"]
 
 #: The device each family's parts are packed for (synthesis does not depend on the part).
@@ -195,6 +195,36 @@ def cached_figures(cache: Path, figures_type, part: Part, *, digest=None, family
     return figures_type(**cached)
 
 
+def measure_cached(part: Part, family: str, out, text: str, suffix: str, figures_type,
+                   run, key: str = ""):
+    """The frame of one part's measurement, shared with :mod:`~ptocube.build.timing`.
+
+    ``text`` is the part's RTLIL (written to ``out/<path>/part.il``); its SHA-256 (with
+    ``key``: other inputs of the measurement) is the digest under which the figures are
+    cached in ``out/<path><suffix>``.  A cached figure of the same digest and family is
+    returned as it is; otherwise ``run(work_dir)`` returns the type-specific fields of
+    ``figures_type``, which are completed, cached and returned.
+    """
+    out = Path(out)
+    start = time.monotonic()
+    digest = hashlib.sha256((text + key).encode()).hexdigest()[:16]
+    cache = out / f"{part.path}{suffix}"
+    cached = cached_figures(cache, figures_type, part, digest=digest, family=family)
+    if cached is not None:
+        return cached
+    work = out / part.path
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "part.il").write_text(text)
+    specific = run(work)
+    figures = figures_type(path=part.path, kind=part.kind, count=part.count, depth=part.depth,
+                           family=family, digest=digest,
+                           seconds=round(time.monotonic() - start, 1),
+                           measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           **specific)
+    cache.write_text(json.dumps(asdict(figures), indent=1) + "\n")
+    return figures
+
+
 def measure(part: Part, family: str, out, *, timeout: float | None = None) -> PartFigures:
     """Synthesize and pack one instance of ``part`` for ``family`` in ``out/<path>/``.
 
@@ -203,29 +233,17 @@ def measure(part: Part, family: str, out, *, timeout: float | None = None) -> Pa
     from amaranth.back import rtlil
     if family not in FAMILIES:
         raise ValueError(f"unknown FPGA family {family!r}; known: {', '.join(FAMILIES)}")
-    out = Path(out)
-    start = time.monotonic()
-    text = rtlil.convert(part.component, name="top")
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    cached = cached_figures(out / f"{part.path}.json", PartFigures, part, digest=digest,
-                            family=family)
-    if cached is not None:
-        return cached
-    work = out / part.path
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "part.il").write_text(text)
-    synthesize(work / "part.il", FAMILIES[family], work, top_name="top", timeout=timeout)
-    cells = cell_counts(json.loads((work / "top.stat.json").read_text()))
-    placed = _pack(family, work, timeout)
-    capacity = {col: placed[bel]["available"] for col, bel in _CAPACITY[family].items()
-                if bel in placed}
-    logic = placed.get(_CAPACITY[family]["logic"], {}).get("used", 0)
-    figures = PartFigures(path=part.path, kind=part.kind, count=part.count, depth=part.depth,
-                          family=family, cells=cells, logic=logic, capacity=capacity,
-                          digest=digest, seconds=round(time.monotonic() - start, 1),
-                          measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    (out / f"{part.path}.json").write_text(json.dumps(asdict(figures), indent=1) + "\n")
-    return figures
+
+    def run(work):
+        synthesize(work / "part.il", FAMILIES[family], work, top_name="top", timeout=timeout)
+        cells = cell_counts(json.loads((work / "top.stat.json").read_text()))
+        placed = _pack(family, work, timeout)
+        capacity = {col: placed[bel]["available"] for col, bel in _CAPACITY[family].items()
+                    if bel in placed}
+        logic = placed.get(_CAPACITY[family]["logic"], {}).get("used", 0)
+        return {"cells": cells, "logic": logic, "capacity": capacity}
+    return measure_cached(part, family, out, rtlil.convert(part.component, name="top"),
+                          ".json", PartFigures, run)
 
 
 @dataclass

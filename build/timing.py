@@ -18,14 +18,12 @@ Figures are cached like :mod:`~ptocube.build.breakdown`'s, under the SHA-256 of 
 part's RTLIL, the constraint, the seed and the router.
 """
 
-import hashlib
 import json
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .breakdown import FAMILIES, UNIT_EXPAND, Part, cached_figures, each_part, parts
+from .breakdown import FAMILIES, UNIT_EXPAND, Part, each_part, measure_cached, parts
 from .pnr import PinLightWrapper, place_and_route
 
 __all__ = ["CriticalPath", "PartTiming", "TimingReport", "critical_path", "time_part",
@@ -150,34 +148,21 @@ def time_part(part: Part, family: str, out, *, freq_mhz: float = 100.0, seed: in
     from amaranth.back import rtlil
     if family not in FAMILIES:
         raise ValueError(f"unknown FPGA family {family!r}; known: {', '.join(FAMILIES)}")
-    out = Path(out)
-    start = time.monotonic()
-    text = rtlil.convert(PinLightWrapper(part.component), name="top")
-    key = f"{text}\n{freq_mhz:g} {seed} {router}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    cached = cached_figures(out / f"{part.path}.timing.json", PartTiming, part, digest=digest,
-                            family=family)
-    if cached is not None:
-        return cached
-    work = out / part.path
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "part.il").write_text(text)
     device = FAMILIES[family]
-    result = place_and_route(work / "part.il", device, freq_mhz=freq_mhz, seed=seed,
-                             workdir=work, router=router, timeout=timeout)
-    report = json.loads((work / "top.report.json").read_text())
-    netlist = json.loads((work / "top.json").read_text())
-    path = critical_path(report, netlist)
-    figures = PartTiming(path=part.path, kind=part.kind, count=part.count, depth=part.depth,
-                         family=family, device=str(device), constraint_mhz=freq_mhz,
-                         fmax_mhz=(round(result.min_fmax, 2) if result.min_fmax is not None
-                                   else None),
-                         logic=result.utilization.get("logic", (0, 0))[0],
-                         critical=asdict(path) if path is not None else None, digest=digest,
-                         seconds=round(time.monotonic() - start, 1),
-                         measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    (out / f"{part.path}.timing.json").write_text(json.dumps(asdict(figures), indent=1) + "\n")
-    return figures
+
+    def run(work):
+        result = place_and_route(work / "part.il", device, freq_mhz=freq_mhz, seed=seed,
+                                 workdir=work, router=router, timeout=timeout)
+        report = json.loads((work / "top.report.json").read_text())
+        path = critical_path(report, json.loads((work / "top.json").read_text()))
+        return {"device": str(device), "constraint_mhz": freq_mhz,
+                "fmax_mhz": (round(result.min_fmax, 2) if result.min_fmax is not None
+                             else None),
+                "logic": result.utilization.get("logic", (0, 0))[0],
+                "critical": asdict(path) if path is not None else None}
+    return measure_cached(part, family, out,
+                          rtlil.convert(PinLightWrapper(part.component), name="top"),
+                          ".timing.json", PartTiming, run, key=f"\n{freq_mhz:g} {seed} {router}")
 
 
 @dataclass
