@@ -27,7 +27,7 @@ from .breakdown import FAMILIES, UNIT_EXPAND, Part, each_part, measure_cached, p
 from .pnr import PinLightWrapper, place_and_route
 
 __all__ = ["CriticalPath", "PartTiming", "TimingReport", "critical_path", "time_part",
-           "timing", "unit_timing"]
+           "timing", "unit_timing", "bench_timing", "BENCH_TIMINGS"]
 
 # Yosys names a mapped cell after the net it drives plus its type and port
 # (``core.rec_TRELLIS_FF_Q_12``); the signal's name is what comes before the type.
@@ -252,3 +252,24 @@ def unit_timing(preset_name: str, family: str, out=None, **kwargs) -> TimingRepo
     title = (f"CubeUnit {preset_name} ({config.rows} x {config.cols}), each part alone behind "
              f"PinLightWrapper on {FAMILIES[family]}, {freq:g} MHz constraint, post-route")
     return timing(CubeUnit(config), family, out, title=title, **kwargs)
+
+
+#: ``make bench`` timing runs: (preset, family).
+BENCH_TIMINGS = (("ecp5-int8", "ecp5"),)
+
+
+def bench_timing(cases=BENCH_TIMINGS) -> list:
+    """One row per part: standalone post-route Fmax at 100 MHz (``make bench``; cached parts
+    are not placed and routed again)."""
+    rows = []
+    for preset_name, family in cases:
+        result = unit_timing(preset_name, family)
+        for row in result.rows:
+            cp = row.critical or {}
+            rows.append({"preset": preset_name, "part": row.path, "fmax_mhz": row.fmax_mhz,
+                         "path_ns": cp.get("ns"), "routing_ns": cp.get("routing_ns"),
+                         "start": cp.get("start"), "end": cp.get("end"),
+                         "seconds": row.seconds})
+        for path, error in result.failed.items():
+            rows.append({"preset": preset_name, "part": path, "fmax_mhz": None, "start": error})
+    return rows

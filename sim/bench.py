@@ -33,6 +33,8 @@ BENCHMARKS = {
         ("ptocube.build.cli", "bench_fpga"),
     "FPGA: resources by component (ice40-tiny on iCE40, ecp5-int8 and ecp5-full on ECP5)":
         ("ptocube.build.breakdown", "bench_breakdown"),
+    "FPGA: post-route Fmax by component (ecp5-int8 on the LFE5U-85F-6, 100 MHz)":
+        ("ptocube.build.timing", "bench_timing"),
 }
 
 

@@ -313,6 +313,11 @@ def test_timing_parts_and_cache(tmp_path, monkeypatch):
     table = result.table()
     assert "cnt (Counter)" in table and "slowest:" in table and "meets 12 MHz" in table
     assert json.loads(json.dumps(result.to_json()))["slowest"] == result.slowest().path
+    # make bench: one row per part.
+    monkeypatch.setattr(tm, "unit_timing", lambda preset_name, family: result)
+    bench = tm.bench_timing((("toy", "ice40"),))
+    assert [(r["part"], r["fmax_mhz"]) for r in bench] == [(r.path, r.fmax_mhz)
+                                                          for r in result.rows]
 
     # Same RTLIL, constraint, seed and router: from the cache, no tool run.
     def no_tools(*args, **kwargs):
