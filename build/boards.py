@@ -20,9 +20,10 @@ from amaranth_boards.ecpix5 import ECPIX585Platform
 from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
+from .ecp5_pll import Ecp5Pll, pll_dividers
 from .pnr import DEVICES, Device, PnrResult, ToolError, result_from_files, tool
 
-__all__ = ["Board", "BOARDS", "board", "BoardTop", "BuildResult", "build_bitstream",
+__all__ = ["Board", "BOARDS", "ECP5_UNIT_MHZ", "board", "BoardTop", "BuildResult", "build_bitstream",
            "toolchain_env"]
 
 
@@ -50,6 +51,8 @@ class Board:
     preset:    the default :mod:`~ptocube.hdl.config` preset, one that fits the device.
     leds:      ``platform -> {"passed", "failed"[, "busy"]: output Value}`` (lit = active).
     bitstream: the file the flow writes (``top.bin`` for iCE40, ``top.bit`` for ECP5).
+    unit_mhz:  the clock the self-test runs at by default: ``None`` for the board clock, else
+               an ECP5 PLL output (:mod:`~ptocube.build.ecp5_pll`) the preset meets.
     """
 
     name: str
@@ -59,6 +62,7 @@ class Board:
     leds: object
     bitstream: str
     description: str
+    unit_mhz: float | None = None
 
     @property
     def clock_hz(self) -> float:
@@ -66,19 +70,33 @@ class Board:
         plat = self.platform()
         return plat.default_clk_frequency
 
+    def unit_hz(self, unit_mhz: float | None = None) -> float:
+        """The frequency the self-test runs at when asked for ``unit_mhz`` (default: the
+        board's :attr:`unit_mhz`): the board clock, or the PLL output made for it."""
+        unit_mhz = unit_mhz or self.unit_mhz
+        if unit_mhz is None:
+            return self.clock_hz
+        return pll_dividers(self.clock_hz / 1e6, unit_mhz).out_mhz * 1e6
+
     @property
     def baud(self) -> int:
         """The UART rate of the board's USB serial bridge (115200 on all three)."""
         return 115200
 
 
+#: The ECP5 boards' default self-test clock: below the whole ``ecp5-int8`` unit's post-route
+#: Fmax on the LFE5U-85F-6 (decision F20), and the same on both boards, so their self-tests
+#: are the same design.
+ECP5_UNIT_MHZ = 6.25
+
 BOARDS = {b.name: b for b in [
     Board("icebreaker", ICEBreakerPlatform, DEVICES["iCE40UP5K-SG48"], "ice40-tiny",
           _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)"),
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
-          _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)"),
+          _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
-          _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)"),
+          _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
+          ECP5_UNIT_MHZ),
 ]}
 
 
@@ -95,15 +113,26 @@ class BoardTop(Elaboratable):
 
     ``selftest`` needs ``passed``, ``failed``, ``busy`` and ``tx`` outputs
     (:class:`~ptocube.build.selftest.SelfTest` has them). A board without a third LED shows
-    only the verdict.
+    only the verdict. With ``unit_mhz`` (ECP5 boards only) the self-test's ``sync`` domain
+    is an :class:`~ptocube.build.ecp5_pll.Ecp5Pll` output at that frequency or just below
+    it; without, it is the board clock.
     """
 
-    def __init__(self, board: Board, selftest):
+    def __init__(self, board: Board, selftest, unit_mhz: float | None = None):
         self.board = board
         self.selftest = selftest
+        self.pll = None
+        if unit_mhz is not None:
+            if board.device.family != "ecp5":
+                raise ValueError(f"{board.name}: a unit clock other than the board's needs an "
+                                 f"ECP5 PLL; this board's FPGA is {board.device.family}")
+            self.pll = Ecp5Pll(board.clock_hz / 1e6, unit_mhz)
 
     def elaborate(self, platform):
         m = Module()
+        if self.pll is not None:
+            m.submodules.pll = self.pll
+            m.d.comb += self.pll.clk_in.eq(platform.request(platform.default_clk, 0).i)
         m.submodules.selftest = st = self.selftest
         for name, pin in self.board.leds(platform).items():
             m.d.comb += pin.eq(getattr(st, name))
