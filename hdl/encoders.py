@@ -25,7 +25,8 @@ A. unpack P, select the multiplier (activation), multiply; the bypass results (b
    shift modes, NaN/infinity table, the -0 rule) are finished here;
 B. leading-zero count of ``M``, exponent of ``v``, quantum and shift amount;
 C. the sticky right shifter;
-D. rounding, integer clamps and offset, floating packers, result select.
+D. rounding, and the S5/S9/S17 intermediate clamp;
+E. integer sign and offset, floating packers, result select.
 
 ``docs/hdl-postprocess.md`` has the widths and their derivations.
 """
@@ -224,8 +225,8 @@ class ElementConverter(wiring.Component):
     wraps it in an ``EnableInserter``).
     """
 
-    #: Cycles from ``p`` to ``d`` (registers after stages A, B and C).
-    latency = 3
+    #: Cycles from ``p`` to ``d`` (registers after stages A, B, C and D).
+    latency = 4
 
     def __init__(self, sources, out_kinds, shift: bool):
         self.sources = frozenset(SrcKind(s) for s in sources)
@@ -245,13 +246,15 @@ class ElementConverter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         # One sub-module per stage: pysim then re-evaluates only the stage a change reaches.
-        stages = {name: Module() for name in ("unpack", "normalize", "shift", "encode")}
+        stages = {name: Module() for name in ("unpack", "normalize", "shift", "round",
+                                              "encode")}
         for name, stage in stages.items():
             m.submodules[name] = stage
         s1 = self._unpack(stages["unpack"])
         s2 = self._normalize(stages["normalize"], s1)
         s3 = self._shift(stages["shift"], s2)
-        self._encode(stages["encode"], s3)
+        s4 = self._round(stages["round"], s3)
+        self._encode(stages["encode"], s4)
         return m
 
     # --- stage A ------------------------------------------------------------------------
@@ -416,7 +419,10 @@ class ElementConverter(wiring.Component):
 
     # --- stage D ------------------------------------------------------------------------
 
-    def _encode(self, m, s):
+    def _round(self, m, s):
+        # Rounding is a 34-bit carry chain and the intermediate clamp a compare on its
+        # result; the sign, offset and packers after them are stage E's (decision 13 of
+        # docs/decisions/hdl-postprocess.md).
         ctl = self.ctl
         n, guard, sticky, sign = s["count"], s["guard"], s["sticky"], s["sign"]
         inexact = _wire(m, "inexact", guard | sticky)
@@ -424,14 +430,38 @@ class ElementConverter(wiring.Component):
         # parity-based rounding (RNE, RTO); HiF8 never does (see HIF8_ROUNDINGS).
         up = round_up(m, ctl.rounding, sign, n[0], guard, sticky)
         rounded = _wire(m, "rounded", n + up)              # 34 bits
+        extra = {}
+        if self._has(OutKind.S32):
+            extra["s32_over"] = s["big"] | Mux(sign, rounded > (1 << 31),
+                                               rounded > (1 << 31) - 1)
+        if self._has(*INTERMEDIATE_WIDTH):
+            limit = Signal(18, name="mid_limit")            # 2**(w-1)
+            for kind, width in INTERMEDIATE_WIDTH.items():
+                if kind in self.out_kinds:
+                    with m.If(ctl.out == kind):
+                        m.d.comb += limit.eq(1 << (width - 1))
+            clamp = _wire(m, "mid_clamp", s["big"] | Mux(sign, rounded > limit,
+                                                         rounded > limit - 1))
+            extra["mid_clamp"] = clamp
+            extra["mid_magnitude"] = Mux(clamp, Mux(sign, limit, limit - 1), rounded[0:18])
+        passed = {key: s[key] for key in ("count", "zero", "e_v", "sign", "offset", "bypass",
+                                          "bypass_raw", "bypass_flags", "hif8_bits")
+                  if key in s}
+        return pipeline_boundary(m, True, "d", rounded=rounded, inexact=inexact, **passed,
+                                 **extra)
 
+    # --- stage E ------------------------------------------------------------------------
+
+    def _encode(self, m, s):
+        ctl = self.ctl
+        rounded, inexact = s["rounded"], s["inexact"]
         raw = Signal(32)
         flags = Signal(5)
         results = {}
         if self._has(OutKind.S32):
-            results[OutKind.S32] = self._encode_s32(m, s, rounded, inexact)
+            results[OutKind.S32] = self._encode_s32(s, rounded, inexact)
         if self._has(*INTERMEDIATE_WIDTH):
-            results.update(self._encode_intermediate(m, s, rounded, inexact))
+            results.update(self._encode_intermediate(m, s, inexact))
         for kind, fmt in _IEEE.items():
             if kind in self.out_kinds:
                 results[kind] = self._encode_ieee(m, kind, fmt, s, rounded, inexact)
@@ -446,29 +476,19 @@ class ElementConverter(wiring.Component):
         m.d.comb += [self.d.eq(Mux(s["bypass"], s["bypass_raw"], raw)),
                      self.flags.eq(Mux(s["bypass"], s["bypass_flags"], flags))]
 
-    def _encode_s32(self, m, s, rounded, inexact):
+    def _encode_s32(self, s, rounded, inexact):
         """Mode 0 with activation on an S32 accumulator: round, then wrap.
 
         Mode 0 is the only mode with an S32 D and it requires Sat 0 (ruling R8), so an
         overflow always wraps to the low 32 bits.
         """
-        sign = s["sign"]
-        over = _wire(m, "s32_over", s["big"] | Mux(sign, rounded > (1 << 31),
-                                                   rounded > (1 << 31) - 1))
-        raw = Mux(sign, -rounded, rounded)[0:32]
-        return raw, Mux(over, _OF | _NX, Mux(inexact, _NX, 0))
+        raw = Mux(s["sign"], -rounded, rounded)[0:32]
+        return raw, Mux(s["s32_over"], _OF | _NX, Mux(inexact, _NX, 0))
 
-    def _encode_intermediate(self, m, s, rounded, inexact):
-        """S4/S8/S16: round, clamp to S5/S9/S17 always, add the offset, encode with Sat."""
-        sign, ctl = s["sign"], self.ctl
-        limit = Signal(18, name="mid_limit")            # 2**(w-1)
-        for kind, width in INTERMEDIATE_WIDTH.items():
-            if kind in self.out_kinds:
-                with m.If(ctl.out == kind):
-                    m.d.comb += limit.eq(1 << (width - 1))
-        clamp = _wire(m, "mid_clamp", s["big"] | Mux(sign, rounded > limit,
-                                                     rounded > limit - 1))
-        magnitude = Mux(clamp, Mux(sign, limit, limit - 1), rounded[0:18])
+    def _encode_intermediate(self, m, s, inexact):
+        """S4/S8/S16: clamped to S5/S9/S17 (stage D), add the offset, encode with Sat."""
+        sign, ctl, clamp = s["sign"], self.ctl, s["mid_clamp"]
+        magnitude = s["mid_magnitude"]
         middle = _wire(m, "middle", Mux(sign, -magnitude, magnitude).as_signed())
         f1 = Mux(clamp, _OF | _NX, Mux(inexact, _NX, 0))
         total = _wire(m, "mid_total", middle + s["offset"])  # signed, w + 1 bits

@@ -253,7 +253,13 @@ class PostProcess(wiring.Component):
                             red.first.eq(first), red.last.eq(last), red.seed.eq(beat.rowmax_in),
                             red.seed_en.eq(seed_en)]
             reducers[name] = red
-        assert all(conv.latency == red.latency for red in reducers.values())
+        # The converter is the deeper pipeline: the reductions' results wait for its D.
+        folded = {}
+        for name, red in reducers.items():
+            stage = {"result": red.result, "flags": red.flags}
+            for k in range(conv.latency - red.latency):
+                stage = pipeline_boundary(pipe, True, f"{name}_wait{k + 1}", **stage)
+            folded[name] = stage
         marks = {"valid": self.acc_in.valid, "last": beat.last, "group_last": group_last}
         stages = [marks]
         for k in range(conv.latency):
@@ -265,13 +271,13 @@ class PostProcess(wiring.Component):
         pipe.d.sync += [
             out_valid.eq(at_end["valid"]),
             out.d.eq(conv.d),
-            out.flags.eq(conv.flags | Mux(row_en, reducers["row"].flags, 0)
-                         | Mux(group_en, reducers["group"].flags, 0)),
+            out.flags.eq(conv.flags | Mux(row_en, folded["row"]["flags"], 0)
+                         | Mux(group_en, folded["group"]["flags"], 0)),
             out.last.eq(at_end["last"]),
             out.rowmax_valid.eq(at_end["last"] & row_en),
-            out.rowmax.eq(reducers["row"].result),
+            out.rowmax.eq(folded["row"]["result"]),
             out.groupmax_valid.eq(at_end["group_last"] & group_en),
-            out.groupmax.eq(reducers["group"].result),
+            out.groupmax.eq(folded["group"]["result"]),
         ]
         m.d.comb += [self.d_out.valid.eq(out_valid), self.d_out.payload.eq(out),
                      self.acc_in.ready.eq(advance), self.plan_ok.eq(plan_ok),
