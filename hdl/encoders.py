@@ -21,8 +21,9 @@ One right shifter with sticky collection turns ``M`` into the truncated quantum 
 and its guard and sticky bits; one rounding decision (:func:`round_up`) gives ``n + up``, and
 small per-format packers build the bit pattern.  Stages (one register between each):
 
-A. unpack P, select the multiplier (activation), multiply; the bypass results (bit copy,
-   shift modes, NaN/infinity table, the -0 rule) are finished here;
+A0. unpack P, select the multiplier (activation); the bypass results (bit copy, shift
+    modes, NaN/infinity table, the -0 rule) are finished here;
+A. multiply;
 B. leading-zero count of ``M``, exponent of ``v``, quantum and shift amount;
 C. the sticky right shifter;
 D. rounding, and the S5/S9/S17 intermediate clamp;
@@ -225,8 +226,8 @@ class ElementConverter(wiring.Component):
     wraps it in an ``EnableInserter``).
     """
 
-    #: Cycles from ``p`` to ``d`` (registers after stages A, B, C and D).
-    latency = 4
+    #: Cycles from ``p`` to ``d`` (registers after stages A0, A, B, C and D).
+    latency = 5
 
     def __init__(self, sources, out_kinds, shift: bool):
         self.sources = frozenset(SrcKind(s) for s in sources)
@@ -246,18 +247,19 @@ class ElementConverter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         # One sub-module per stage: pysim then re-evaluates only the stage a change reaches.
-        stages = {name: Module() for name in ("unpack", "normalize", "shift", "round",
-                                              "encode")}
+        stages = {name: Module() for name in ("unpack", "multiply", "normalize", "shift",
+                                              "round", "encode")}
         for name, stage in stages.items():
             m.submodules[name] = stage
-        s1 = self._unpack(stages["unpack"])
+        s0 = self._unpack(stages["unpack"])
+        s1 = self._multiply(stages["multiply"], s0)
         s2 = self._normalize(stages["normalize"], s1)
         s3 = self._shift(stages["shift"], s2)
         s4 = self._round(stages["round"], s3)
         self._encode(stages["encode"], s4)
         return m
 
-    # --- stage A ------------------------------------------------------------------------
+    # --- stages A0 and A --------------------------------------------------------------
 
     def _unpack(self, m):
         ctl, p = self.ctl, self.p
@@ -291,7 +293,6 @@ class ElementConverter(wiring.Component):
         m_exp, m_frac = mult[10:18], mult[0:10]
         m_sig = Cat(m_frac, m_exp != 0)
         mult_zero = _wire(m, "mult_zero", m_sig == 0)
-        product = _wire(m, "product", src_mag * m_sig)          # 43 bits, exact
         exponent = _wire(m, "exponent", src_exp + _smax(m_exp, 1) - 137)
 
         offset = Signal(signed(17))
@@ -332,9 +333,19 @@ class ElementConverter(wiring.Component):
                     with m.If(ctl.out == kind):
                         m.d.comb += bypass_raw.eq(signed_zero(_DTYPE_OF[kind]))
 
-        return pipeline_boundary(m, True, "a", product=product, exponent=exponent,
-                                 sign=negative, offset=offset, bypass=bypass,
-                                 bypass_raw=bypass_raw, bypass_flags=bypass_flags)
+        return pipeline_boundary(m, True, "a0", src_mag=src_mag, m_sig=m_sig,
+                                 exponent=exponent, sign=negative, offset=offset,
+                                 bypass=bypass, bypass_raw=bypass_raw,
+                                 bypass_flags=bypass_flags)
+
+    def _multiply(self, m, s):
+        # The 32 x 11 product (two MULT18X18D and an adder) from registers, so that neither
+        # the source's absolute value nor the activation's choice of multiplier reaches
+        # into it (decision 14 of docs/decisions/hdl-postprocess.md).
+        product = _wire(m, "product", s["src_mag"] * s["m_sig"])   # 43 bits, exact
+        passed = {key: s[key] for key in ("exponent", "sign", "offset", "bypass",
+                                          "bypass_raw", "bypass_flags")}
+        return pipeline_boundary(m, True, "a", product=product, **passed)
 
     def _special_table(self, m, nan, quiet, sign_bit, raw, flags):
         """NaN/infinity results, from the model's ``encode_special`` at elaboration."""
