@@ -22,7 +22,7 @@ Storage (``docs/hdl-top.md`` has the figures):
 * register files of Local (4 x 64) and Shared (256) entries: descriptor, base CELL, count,
   ``synth``; the feature-map descriptor registers (4 x 64);
 * one CELL occupancy bitmap per memory and a first-fit allocator scanning 8 CELLs per cycle
-  (decision T4);
+  in two pipeline stages (decisions T4, T13);
 * GPRs, ``tile_capacity``, the sticky status flags and the allocation counters.
 
 Every memory (payloads, flags, the three register files, the GPRs) has one synchronous read
@@ -309,9 +309,15 @@ class TileStore(wiring.Component):
             m.d.comb += [self.src_desc[p].eq(src_entry[p].desc), self.src_fm[p].eq(src_fm[p])]
         src_latch = Signal()                    # the read registers hold PE src_pe's source
         src_pe = Signal(2)
+        # log2 of each source's physical columns, for its implicit flags (T5, T13).
+        src_pc_log = Array(Signal(5, name=f"src_pc_log{p}") for p in range(PE_COUNT))
         m.d.sync += src_latch.eq(0)
         with m.If(src_latch):
-            m.d.sync += [src_entry[src_pe].eq(l_rd.data), src_fm[src_pe].eq(fm_rd.data)]
+            m.d.sync += [src_entry[src_pe].eq(l_rd.data), src_fm[src_pe].eq(fm_rd.data),
+                         src_pc_log[src_pe].eq(0)]
+            for b in range(16):
+                with m.If(l_rd.data.desc.phys_cols == (1 << b)):
+                    m.d.sync += src_pc_log[src_pe].eq(b)
 
         plan = self.plan
         outs = plan.outputs
@@ -322,58 +328,97 @@ class TileStore(wiring.Component):
                               (Const(1, 13) << (o.size_code - 1)[:4])[:13]) for o in outs)
         out_valid = Array(o.role != OutputRole.NONE for o in outs)
 
-        # The allocator: first fit over the bitmap of ``scan_space``, 8 CELLs per cycle.
+        # The allocator: first fit over the bitmap of ``scan_space``, 8 CELLs per cycle, in
+        # two stages (decision T13).  FETCH registers the next 8-CELL chunk; EVAL looks in
+        # the registered chunk for the first CELL where a free run of ``scan_need`` CELLs
+        # ends (from the chunk and the free run carried over from the chunks before it) and
+        # registers it (``scan_found``, ``scan_last``) or that the last chunk held none
+        # (``scan_failed``).  A scan state sets ``scan_active``; the cycle before it,
+        # ``start_scan`` (with ``scan_space`` / ``scan_need``) resets the scan.
         scan_space = Signal(3)
         scan_need = Signal(13)
+        run_w = max(pad).bit_length()           # a free run, a CELL index or an end CELL
         scan_pos = Signal(range(max(pad) // SCAN_CELLS_PER_CYCLE + 1))
-        scan_run = Signal(13)
-        scan_start = Signal(cw + 1)
         chunks = Array(pad[s] // SCAN_CELLS_PER_CYCLE for s in spaces)
-        # One signal: each use of the Array proxy would repeat the whole selection.
-        chunk = Signal(SCAN_CELLS_PER_CYCLE)
-        m.d.comb += chunk.eq(Array(bitmap[s].word_select(scan_pos, SCAN_CELLS_PER_CYCLE)
-                                   for s in spaces)[scan_space])
-        # Each CELL's step goes through signals: as plain expressions the chain would be
-        # re-expanded at every use (exponential netlist).
-        run, start, found, found_base = scan_run, scan_start, Const(0), Const(0, cw + 1)
-        chunk_base = Signal(cw + 1)
-        m.d.comb += chunk_base.eq(scan_pos * SCAN_CELLS_PER_CYCLE)
-        for k in range(SCAN_CELLS_PER_CYCLE):
-            free = ~chunk[k]
-            step_start, step_run = Signal(cw + 1, name=f"scan_start{k}"), Signal(13, name=f"scan_run{k}")
-            step_found, step_base = Signal(name=f"scan_found{k}"), Signal(cw + 1, name=f"scan_base{k}")
-            m.d.comb += [step_start.eq(Mux(free & (run == 0), chunk_base + k, start)),
-                         step_run.eq(Mux(free, run + 1, 0))]
-            hit = free & (step_run == scan_need) & ~found
-            m.d.comb += [step_base.eq(Mux(hit, step_start, found_base)),
-                         step_found.eq(found | hit)]
-            run, start, found, found_base = step_run, step_start, step_found, step_base
+        start_scan = Signal()
+        scan_active = Signal()
+        chunk = Signal(SCAN_CELLS_PER_CYCLE)    # EVAL: the chunk FETCH registered
+        chunk_pos = Signal.like(scan_pos)
+        chunk_last = Signal()
+        chunk_valid = Signal()
+        run = Signal(run_w)                     # free CELLs right before ``chunk``
         scan_found = Signal()
-        scan_base = Signal(cw + 1)
-        m.d.comb += [scan_found.eq(found), scan_base.eq(found_base)]
+        scan_failed = Signal()
+        scan_last = Signal(run_w)               # the last CELL of the first fitting run
+        with m.If(start_scan):
+            m.d.sync += [scan_pos.eq(0), chunk_valid.eq(0), run.eq(0), scan_found.eq(0),
+                         scan_failed.eq(0)]
+        with m.If(scan_active):
+            m.d.sync += [
+                chunk.eq(Array(bitmap[s].word_select(scan_pos, SCAN_CELLS_PER_CYCLE)
+                               for s in spaces)[scan_space]),
+                chunk_pos.eq(scan_pos), chunk_last.eq(scan_pos == chunks[scan_space] - 1),
+                chunk_valid.eq(1), scan_pos.eq(scan_pos + 1)]
+        # Facts of ``scan_need``, registered while the first chunk is fetched: the carried
+        # run a hit at chunk CELL k needs (``need - k - 1``, above any run when need is 0),
+        # and need as one-hot for runs that lie inside one chunk.
+        limit = max(pad) + 1
+        need_before = [Signal(run_w, name=f"scan_need_before{k}")
+                       for k in range(SCAN_CELLS_PER_CYCLE)]
+        need_is = [Signal(name=f"scan_need_is{n}") for n in range(SCAN_CELLS_PER_CYCLE + 1)]
+        for k, before in enumerate(need_before):
+            m.d.sync += before.eq(Mux(scan_need == 0, limit,
+                                      Mux(scan_need <= k + 1, 0,
+                                          Mux(scan_need >= limit + k + 1, limit,
+                                              scan_need - (k + 1)))))
+        for n in range(1, SCAN_CELLS_PER_CYCLE + 1):
+            m.d.sync += need_is[n].eq(scan_need == n)
+        free = ~chunk
+        hits = Signal(SCAN_CELLS_PER_CYCLE)
+        for k in range(SCAN_CELLS_PER_CYCLE):
+            inside = Cat(*(need_is[n] & free[k - n + 1:k + 1].all() for n in range(1, k + 2)))
+            m.d.comb += hits[k].eq((free[:k + 1].all() & (run >= need_before[k])) | inside.any())
+        first = Signal(range(SCAN_CELLS_PER_CYCLE))
+        for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
+            with m.If(hits[k]):
+                m.d.comb += first.eq(k)
+        trailing = Signal(range(SCAN_CELLS_PER_CYCLE + 1))
+        for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
+            with m.If(free[k:].all()):
+                m.d.comb += trailing.eq(SCAN_CELLS_PER_CYCLE - k)
+        with m.If(scan_active & chunk_valid & ~scan_found & ~scan_failed):
+            m.d.sync += run.eq(Mux(free.all(), run + SCAN_CELLS_PER_CYCLE, trailing))
+            with m.If(hits.any()):
+                m.d.sync += [scan_found.eq(1), scan_last.eq(Cat(first, chunk_pos))]
+            with m.Elif(chunk_last):
+                m.d.sync += scan_failed.eq(1)
+        # One past the run and its first CELL, each one carry chain from registers.
+        need_less1 = Signal(run_w)
+        m.d.sync += need_less1.eq(scan_need - 1)
+        scan_end = Signal(run_w)
+        scan_base = Signal(run_w)
+        m.d.comb += [scan_end.eq(scan_last + 1), scan_base.eq(scan_last - need_less1)]
 
-        # One range-mask generator for marking / freeing CELLs.  The request is registered
-        # and the bitmap changes a cycle later, so the scan and the mask are not one path;
-        # no scan reads the bitmap in the cycle after a mark (a scan state always follows
-        # PLACE_NEXT, CFG_SCAN a new command).
+        # One range-mask generator for marking / freeing CELLs [base, end).  The request is
+        # registered and the bitmap changes a cycle later, so the scan and the mask are not
+        # one path; no scan reads the bitmap in the cycle after a mark (a scan's first fetch
+        # follows PLACE_NEXT or a new host command, decision T12).
         mark_space = Signal(3)
-        mark_base = Signal(cw + 1)
-        mark_count = Signal(13)
+        mark_base = Signal(run_w)
+        mark_end = Signal(run_w)
         mark_set = Signal()
         mark_clear = Signal()
         marking = {name: Signal.like(value, name=f"{name}_r") for name, value in (
-            ("space", mark_space), ("base", mark_base), ("count", mark_count),
+            ("space", mark_space), ("base", mark_base), ("end", mark_end),
             ("set", mark_set), ("clear", mark_clear))}
         m.d.sync += [marking["space"].eq(mark_space), marking["base"].eq(mark_base),
-                     marking["count"].eq(mark_count), marking["set"].eq(mark_set),
+                     marking["end"].eq(mark_end), marking["set"].eq(mark_set),
                      marking["clear"].eq(mark_clear)]
-        # Bit i: base <= i < base + count.  Compared per bit: a variable shift of a wide
-        # constant would make a huge (and slow to elaborate) shifter.
-        mark_end = Signal(cw + 14)
+        # Bit i: base <= i < end.  Compared per bit: a variable shift of a wide constant
+        # would make a huge (and slow to elaborate) shifter.
         range_mask = Signal(max(pad))
-        m.d.comb += mark_end.eq(marking["base"] + marking["count"])
         for i in range(max(pad)):
-            m.d.comb += range_mask[i].eq((marking["base"] <= i) & (mark_end > i))
+            m.d.comb += range_mask[i].eq((marking["base"] <= i) & (marking["end"] > i))
         for s in spaces:
             mask = range_mask[:pad[s]]
             with m.If(marking["space"] == s):
@@ -391,8 +436,6 @@ class TileStore(wiring.Component):
         allocated = Mux(is_pe, le.desc.allocated, se.desc.allocation_mask != 0)
         reg_cells = Mux(is_pe, le.desc.cells, se.desc.cells)
         reg_base = Mux(is_pe, le.base, se.base)
-        bad_space = space > MemSpace.SHARED
-        bad_index = is_pe & (idx >= 64)
 
         def reply(value):
             m.d.sync += [rsp.data.eq(value), rsp.error.eq(0), rsp_valid.eq(1)]
@@ -416,17 +459,45 @@ class TileStore(wiring.Component):
 
         read_space = Signal(3)
         read_flags = Signal()
-        cfg_base = Signal(cw + 1)
+        read_word = Signal(64)                  # HOST_READ: the payload or flag word read
+        read_synth = Signal(64)                 # HOST_READ: the implicit flags of that word
+        cfg_base = Signal(run_w)
+        cfg_end = Signal(run_w)
+        cfg_bytes = Signal(32)                  # the new register's share of capacity in use
         clear_pos = Signal(cw + 3)
         clear_end = Signal(cw + 3)
         undef_init = Signal(UNDEFINED_WIDTH)
-        popcnt = Signal(3)
 
         new_local = Signal(self.local_entry)
         new_shared = Signal(self.shared_entry)
         staged_l = data.View(TileDescLayout, stage[:TileDescLayout.size])
         staged_s = data.View(SharedDescLayout, stage[:SharedDescLayout.size])
-        m.d.comb += popcnt.eq(sum(staged_s.allocation_mask[k] for k in range(4)))
+        popcnt = sum(staged_s.allocation_mask[k] for k in range(4))
+        # CONFIGURE's undefined count (valid rows x columns, saturated) of the staged
+        # descriptor, registered: the stage changes only in a DESC_PART command, at least
+        # two cycles before the next command decides (decision T13).
+        undef_l, undef_s = Signal(UNDEFINED_WIDTH), Signal(UNDEFINED_WIDTH)
+        for reg, staged in ((undef_l, staged_l), (undef_s, staged_s)):
+            product = staged.valid_rows * staged.valid_cols
+            m.d.sync += reg.eq(Mux(product >> UNDEFINED_WIDTH, (1 << UNDEFINED_WIDTH) - 1,
+                                   product))
+
+        # Facts of the host command, registered in HOST_FACTS from the entries read when
+        # the command was taken, so that HOST decides from registers (decision T13).
+        f_allocated, f_word_ok, f_flag_ok = Signal(), Signal(), Signal()
+        f_bad_space, f_bad_index = Signal(), Signal()   # refused whatever the register
+        f_wide = Signal()                       # data does not fit an undefined count
+        f_word_addr, f_flag_addr = Signal(ww), Signal(ww)
+        f_base, f_end = Signal(run_w), Signal(run_w)    # the register's CELLs
+        f_cells = Signal(12)                    # its CELLs, and the PEs that hold them
+        f_owners = Signal(3)
+        f_synth = Signal()                      # a published PE output: its flags implicit
+        f_cube_synth = Signal()                 # ... in a CUBE layout (no flags to read)
+        f_value = Signal(64)                    # the answer of a descriptor, feature-map,
+        #                                         GPR or system-register read
+        # The implicit flags' geometry (HOST_READ): log2 of the physical columns, etc.
+        f_pc_log, f_pc_mask = Signal(5), Signal(16)
+        f_rows, f_cols = Signal(16), Signal(16)
 
         host_go = self.host_cmd.valid & self.host_enable & ~rsp_valid
         busy = Signal()
@@ -451,18 +522,74 @@ class TileStore(wiring.Component):
                     local = Cat(taken.index[:6], Value.cast(taken.space)[:2])
                     read_local(local), read_shared(taken.index), read_fm(local)
                     read_gpr(taken.index[:5])
-                    m.next = "HOST"
+                    m.next = "HOST_FACTS"
 
             # ---- host commands --------------------------------------------------------
+            with m.State("HOST_FACTS"):
+                m.d.comb += busy.eq(1)
+                m.next = "HOST"
+                pc_log = Signal(5)
+                for b in range(16):
+                    with m.If(le.desc.phys_cols == (1 << b)):
+                        m.d.comb += pc_log.eq(b)
+                m.d.sync += [
+                    f_bad_space.eq(space > MemSpace.SHARED),
+                    f_bad_index.eq(is_pe & (idx >= 64)
+                                   & ~Cat(*(cmd.op == o for o in _UNADDRESSED)).any()),
+                    f_wide.eq(cmd.data >= (1 << UNDEFINED_WIDTH)),
+                    f_allocated.eq(allocated),
+                    f_word_ok.eq(cmd.addr < (reg_cells << 4)),
+                    f_flag_ok.eq(cmd.addr < (reg_cells << 2)),
+                    f_word_addr.eq((reg_base << 4) + cmd.addr),
+                    f_flag_addr.eq((reg_base << 2) + cmd.addr),
+                    # Saturated: the mask then covers the same CELLs as base + cells.
+                    f_base.eq(reg_base), f_end.eq(Mux(reg_base + reg_cells > max(pad),
+                                                      max(pad), reg_base + reg_cells)),
+                    f_cells.eq(reg_cells),
+                    f_owners.eq(Mux(is_pe, 1, sum(se.desc.allocation_mask[k] for k in range(4)))),
+                    f_synth.eq(is_pe & le.synth),
+                    f_cube_synth.eq(is_pe & le.synth & (le.desc.layout != Layout.ROW_MAJOR)),
+                    f_pc_log.eq(pc_log), f_pc_mask.eq(le.desc.phys_cols - 1),
+                    f_rows.eq(le.desc.valid_rows), f_cols.eq(le.desc.valid_cols),
+                ]
+                desc_bits = Mux(is_pe, le.desc.as_value(), se.desc.as_value())
+                fm_bits = fm_rd.data.as_value()
+                with m.Switch(cmd.op):
+                    with m.Case(HostOp.READ_DESC):
+                        with m.Switch(cmd.addr):
+                            with m.Case(0):
+                                m.d.sync += f_value.eq(desc_bits[:64])
+                            with m.Case(1):
+                                m.d.sync += f_value.eq(desc_bits[64:])
+                            with m.Case(DESC_PART_BASE):
+                                m.d.sync += f_value.eq(Mux(allocated, reg_base, 0))
+                            with m.Case(DESC_PART_UNDEFINED):
+                                m.d.sync += f_value.eq(Mux(is_pe, le.undef, se.undef))
+                    with m.Case(HostOp.READ_FM):
+                        padded = Cat(fm_bits, Const(0, 64 * FM_PARTS - len(fm_bits)))
+                        m.d.sync += f_value.eq(padded.word_select(cmd.addr[:3], 64))
+                    with m.Case(HostOp.READ_GPR):
+                        m.d.sync += f_value.eq(g_rd.data)
+                    with m.Case(HostOp.READ_SYS):
+                        with m.Switch(cmd.addr):
+                            with m.Case(SysReg.TILE_CAPACITY):
+                                m.d.sync += f_value.eq(capacity)
+                            with m.Case(SysReg.STATUS):
+                                m.d.sync += f_value.eq(status)
+                            with m.Case(SysReg.CAPACITY_IN_USE):
+                                m.d.sync += f_value.eq(in_use)
+                            with m.Case(SysReg.ALLOCATED):
+                                m.d.sync += f_value.eq(self.alloc.allocated)
+                            with m.Case(SysReg.BUILD):
+                                m.d.sync += f_value.eq(build_info(cfg))
+
             with m.State("HOST"):
                 m.d.comb += busy.eq(1)
                 m.next = "IDLE"
                 op = cmd.op
-                word_ok = cmd.addr < (reg_cells << 4)
-                flag_ok = cmd.addr < (reg_cells << 2)
-                with m.If(bad_space):
+                with m.If(f_bad_space):
                     fail(HostError.BAD_SPACE)
-                with m.Elif(bad_index & ~Cat(*(op == o for o in _UNADDRESSED)).any()):
+                with m.Elif(f_bad_index):
                     fail(HostError.BAD_INDEX)
                 with m.Else():
                     with m.Switch(op):
@@ -479,9 +606,7 @@ class TileStore(wiring.Component):
                                 fail(HostError.OUT_OF_RANGE)
                         with m.Case(HostOp.CONFIGURE):
                             need = Mux(is_pe, staged_l.cells, staged_s.cells)
-                            product = Mux(is_pe, staged_l.valid_rows * staged_l.valid_cols,
-                                          staged_s.valid_rows * staged_s.valid_cols)
-                            with m.If(allocated):
+                            with m.If(f_allocated):
                                 fail(HostError.ALLOCATED)
                             with m.Elif(Mux(is_pe, ~staged_l.allocated,
                                             staged_s.allocation_mask == 0) | (need == 0)):
@@ -489,38 +614,34 @@ class TileStore(wiring.Component):
                             with m.Elif(need > Array(Const(c) for c in cells)[space]):
                                 fail(HostError.NO_SPACE)
                             with m.Else():
+                                m.d.comb += start_scan.eq(1)
                                 m.d.sync += [scan_space.eq(space), scan_need.eq(need),
-                                             scan_pos.eq(0), scan_run.eq(0),
-                                             undef_init.eq(Mux(product >> UNDEFINED_WIDTH,
-                                                               (1 << UNDEFINED_WIDTH) - 1,
-                                                               product))]
+                                             cfg_bytes.eq(Mux(is_pe, need << 7,
+                                                              (need << 7) * popcnt)),
+                                             undef_init.eq(Mux(is_pe, undef_l, undef_s))]
                                 m.next = "CFG_SCAN"
                         with m.Case(HostOp.FREE):
-                            with m.If(~allocated):
+                            with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
                             with m.Else():
-                                m.d.comb += [mark_space.eq(space), mark_base.eq(reg_base),
-                                             mark_count.eq(reg_cells), mark_clear.eq(1)]
+                                m.d.comb += [mark_space.eq(space), mark_base.eq(f_base),
+                                             mark_end.eq(f_end), mark_clear.eq(1)]
+                                f_bytes = (f_cells << 7) * f_owners
+                                m.d.sync += in_use.eq(in_use - f_bytes)
                                 with m.If(is_pe):
                                     write_local(Cat(idx[:6], space[:2]), 0)
                                     write_fm(Cat(idx[:6], space[:2]), 0)
                                     set_held(space[:2], idx[:6], 0)
-                                    m.d.sync += [
-                                        pe_bytes[space[:2]].eq(pe_bytes[space[:2]]
-                                                               - (le.desc.cells << 7)),
-                                        in_use.eq(in_use - (le.desc.cells << 7))]
+                                    m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]]
+                                                                       - f_bytes)
                                 with m.Else():
                                     write_shared(idx, 0)
-                                    mask = se.desc.allocation_mask
-                                    m.d.sync += in_use.eq(
-                                        in_use - (se.desc.cells << 7)
-                                        * sum(mask[k] for k in range(4)))
                                 reply(0)
                         with m.Case(HostOp.WRITE_WORD, HostOp.READ_WORD):
-                            addr = ((reg_base << 4) + cmd.addr)[:ww]
-                            with m.If(~allocated):
+                            addr = f_word_addr
+                            with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(~word_ok):
+                            with m.Elif(~f_word_ok):
                                 fail(HostError.OUT_OF_RANGE)
                             with m.Elif(op == HostOp.WRITE_WORD):
                                 for s in spaces:
@@ -536,22 +657,22 @@ class TileStore(wiring.Component):
                                 m.d.sync += [read_space.eq(space), read_flags.eq(0)]
                                 m.next = "HOST_READ"
                         with m.Case(HostOp.WRITE_FLAGS, HostOp.READ_FLAGS):
-                            addr = ((reg_base << 2) + cmd.addr)[:ww]
-                            with m.If(~allocated):
+                            addr = f_flag_addr
+                            with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(~flag_ok):
+                            with m.Elif(~f_flag_ok):
                                 fail(HostError.OUT_OF_RANGE)
                             with m.Elif(op == HostOp.WRITE_FLAGS):
                                 for s in spaces:
                                     with m.If(space == s):
                                         m.d.comb += [flg_wr[s].en.eq(1), flg_wr[s].addr.eq(addr),
                                                      flg_wr[s].data.eq(cmd.data)]
-                                with m.If(is_pe & le.synth):
+                                with m.If(f_synth):
                                     m.d.comb += new_local.eq(le)
                                     m.d.comb += new_local.synth.eq(0)
                                     write_local(Cat(idx[:6], space[:2]), new_local)
                                 reply(0)
-                            with m.Elif(is_pe & le.synth & (le.desc.layout != Layout.ROW_MAJOR)):
+                            with m.Elif(f_cube_synth):
                                 fail(HostError.NOT_EXPLICIT)
                             with m.Else():
                                 for s in spaces:
@@ -560,9 +681,9 @@ class TileStore(wiring.Component):
                                 m.d.sync += [read_space.eq(space), read_flags.eq(1)]
                                 m.next = "HOST_READ"
                         with m.Case(HostOp.SET_UNDEFINED):
-                            with m.If(~allocated):
+                            with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(cmd.data >= (1 << UNDEFINED_WIDTH)):
+                            with m.Elif(f_wide):
                                 fail(HostError.OUT_OF_RANGE)
                             with m.Elif(is_pe):
                                 m.d.comb += [new_local.eq(le), new_local.undef.eq(cmd.data)]
@@ -573,32 +694,23 @@ class TileStore(wiring.Component):
                                 write_shared(idx, new_shared)
                                 reply(0)
                         with m.Case(HostOp.READ_DESC):
-                            desc_bits = Mux(is_pe, le.desc.as_value(), se.desc.as_value())
-                            with m.Switch(cmd.addr):
-                                with m.Case(0):
-                                    reply(desc_bits[:64])
-                                with m.Case(1):
-                                    reply(desc_bits[64:])
-                                with m.Case(DESC_PART_BASE):
-                                    reply(Mux(allocated, reg_base, 0))
-                                with m.Case(DESC_PART_UNDEFINED):
-                                    reply(Mux(is_pe, le.undef, se.undef))
-                                with m.Default():
-                                    fail(HostError.OUT_OF_RANGE)
+                            with m.If(cmd.addr <= max(1, DESC_PART_BASE, DESC_PART_UNDEFINED)):
+                                reply(f_value)
+                            with m.Else():
+                                fail(HostError.OUT_OF_RANGE)
                         with m.Case(HostOp.WRITE_FM, HostOp.READ_FM):
-                            fm_bits = fm_rd.data.as_value()
-                            padded = Cat(fm_bits, Const(0, 64 * FM_PARTS - len(fm_bits)))
                             with m.If(~is_pe):
                                 fail(HostError.BAD_SPACE)
-                            with m.Elif(~allocated):
+                            with m.Elif(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
                             with m.Elif(cmd.addr >= FM_PARTS):
                                 fail(HostError.OUT_OF_RANGE)
                             with m.Elif(op == HostOp.READ_FM):
-                                reply(padded.word_select(cmd.addr[:3], 64))
+                                reply(f_value)
                             with m.Else():
                                 new_fm = Signal(64 * FM_PARTS)
-                                m.d.comb += new_fm.eq(padded)
+                                m.d.comb += new_fm.eq(Cat(fm_bits, Const(0, len(new_fm)
+                                                                         - len(fm_bits))))
                                 m.d.comb += new_fm.word_select(cmd.addr[:3], 64).eq(cmd.data)
                                 write_fm(Cat(idx[:6], space[:2]), new_fm[:len(fm_bits)])
                                 reply(0)
@@ -616,7 +728,7 @@ class TileStore(wiring.Component):
                             with m.If(idx >= GPR_COUNT):
                                 fail(HostError.BAD_INDEX)
                             with m.Else():
-                                reply(g_rd.data)
+                                reply(f_value)
                         with m.Case(HostOp.WRITE_SYS):
                             with m.Switch(cmd.addr):
                                 with m.Case(SysReg.TILE_CAPACITY):
@@ -631,71 +743,57 @@ class TileStore(wiring.Component):
                                 with m.Default():
                                     fail(HostError.BAD_INDEX)
                         with m.Case(HostOp.READ_SYS):
-                            with m.Switch(cmd.addr):
-                                with m.Case(SysReg.TILE_CAPACITY):
-                                    reply(capacity)
-                                with m.Case(SysReg.STATUS):
-                                    reply(status)
-                                with m.Case(SysReg.CAPACITY_IN_USE):
-                                    reply(in_use)
-                                with m.Case(SysReg.ALLOCATED):
-                                    reply(self.alloc.allocated)
-                                with m.Case(SysReg.BUILD):
-                                    reply(build_info(cfg))
-                                with m.Default():
-                                    fail(HostError.BAD_INDEX)
+                            with m.If(cmd.addr < len(SysReg)):
+                                reply(f_value)
+                            with m.Else():
+                                fail(HostError.BAD_INDEX)
                         with m.Default():
                             fail(HostError.BAD_OP)
 
             with m.State("HOST_READ"):
+                # The word read, and a published row-major output's flags: its valid region
+                # (decision T5).  Both are registered and answered in HOST_REPLY (T13).
                 m.d.comb += busy.eq(1)
                 pdata = Array(pay_rd[s].data for s in spaces)[read_space]
                 fdata = Array(flg_rd[s].data for s in spaces)[read_space]
-                # A published row-major output's flags are its valid region (decision T5).
-                pc_log = Signal(5)
-                for b in range(16):
-                    with m.If(le.desc.phys_cols == (1 << b)):
-                        m.d.comb += pc_log.eq(b)
-                synth = Signal(64)
                 for i in range(64):
                     slot = Cat(Const(i, 6), cmd.addr)
-                    row = slot >> pc_log
-                    col = slot & (le.desc.phys_cols - 1)
-                    m.d.comb += synth[i].eq((row < le.desc.valid_rows) & (col < le.desc.valid_cols))
-                flags_word = Mux((read_space < PE_COUNT) & le.synth, synth, fdata)
-                reply(Mux(read_flags, flags_word, pdata))
+                    m.d.sync += read_synth[i].eq(((slot >> f_pc_log) < f_rows)
+                                                 & ((slot & f_pc_mask) < f_cols))
+                m.d.sync += read_word.eq(Mux(read_flags, fdata, pdata))
+                m.next = "HOST_REPLY"
+
+            with m.State("HOST_REPLY"):
+                m.d.comb += busy.eq(1)
+                reply(Mux(read_flags & f_synth, read_synth, read_word))
                 m.next = "IDLE"
 
             with m.State("CFG_SCAN"):
-                m.d.comb += busy.eq(1)
+                m.d.comb += [busy.eq(1), scan_active.eq(1)]
                 with m.If(scan_found):
-                    m.d.sync += [cfg_base.eq(scan_base), clear_pos.eq(scan_base << 2),
-                                 clear_end.eq((scan_base + scan_need) << 2)]
+                    m.d.sync += [cfg_base.eq(scan_base), cfg_end.eq(scan_end),
+                                 clear_pos.eq(scan_base << 2), clear_end.eq(scan_end << 2)]
                     m.next = "CFG_INSTALL"
-                with m.Elif(scan_pos == chunks[scan_space] - 1):
+                with m.Elif(scan_failed):
                     fail(HostError.NO_SPACE)
                     m.next = "IDLE"
-                with m.Else():
-                    m.d.sync += [scan_pos.eq(scan_pos + 1), scan_run.eq(run),
-                                 scan_start.eq(start)]
 
             with m.State("CFG_INSTALL"):
                 m.d.comb += busy.eq(1)
                 m.d.comb += [mark_space.eq(space), mark_base.eq(cfg_base),
-                             mark_count.eq(scan_need), mark_set.eq(1)]
+                             mark_end.eq(cfg_end), mark_set.eq(1)]
+                m.d.sync += in_use.eq(in_use + cfg_bytes)
                 with m.If(is_pe):
                     m.d.comb += [new_local.desc.eq(staged_l), new_local.base.eq(cfg_base),
                                  new_local.undef.eq(undef_init)]
                     write_local(Cat(idx[:6], space[:2]), new_local)
                     write_fm(Cat(idx[:6], space[:2]), 0)
                     set_held(space[:2], idx[:6], 1)
-                    m.d.sync += [pe_bytes[space[:2]].eq(pe_bytes[space[:2]] + (scan_need << 7)),
-                                 in_use.eq(in_use + (scan_need << 7))]
+                    m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]] + cfg_bytes)
                 with m.Else():
                     m.d.comb += [new_shared.desc.eq(staged_s), new_shared.base.eq(cfg_base),
                                  new_shared.undef.eq(undef_init)]
                     write_shared(idx, new_shared)
-                    m.d.sync += in_use.eq(in_use + (scan_need << 7) * popcnt)
                 m.next = "CFG_CLEAR"
 
             with m.State("CFG_CLEAR"):
@@ -725,27 +823,24 @@ class TileStore(wiring.Component):
             with m.State("PLACE_NEXT"):
                 m.d.comb += busy.eq(1)
                 with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
-                    m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j]),
-                                 scan_pos.eq(0), scan_run.eq(0)]
+                    m.d.comb += start_scan.eq(1)
+                    m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j])]
                     m.next = "PLACE_SCAN"
                 with m.Else():
                     self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
 
             with m.State("PLACE_SCAN"):
-                m.d.comb += busy.eq(1)
+                m.d.comb += [busy.eq(1), scan_active.eq(1)]
                 with m.If(scan_found):
                     m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(scan_base),
-                                 mark_count.eq(scan_need), mark_set.eq(1)]
+                                 mark_end.eq(scan_end), mark_set.eq(1)]
                     m.d.sync += [bases[walk_pe][walk_j].eq(scan_base),
                                  placed.bit_select(Cat(walk_j, walk_pe), 1).eq(1)]
                     self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
-                with m.Elif(scan_pos == chunks[scan_space] - 1):
+                with m.Elif(scan_failed):
                     # Fragmentation: undo what this bundle placed (decision T4).
                     m.d.sync += [ok.eq(0), walk_pe.eq(0), walk_j.eq(0)]
                     m.next = "FREE_PLACED"
-                with m.Else():
-                    m.d.sync += [scan_pos.eq(scan_pos + 1), scan_run.eq(run),
-                                 scan_start.eq(start)]
 
             with m.State("PLACE_END"):
                 m.d.comb += [self.req_done.eq(1), self.req_ok.eq(ok)]
@@ -754,8 +849,9 @@ class TileStore(wiring.Component):
             with m.State("FREE_PLACED"):
                 m.d.comb += busy.eq(1)
                 with m.If(placed.bit_select(Cat(walk_j, walk_pe), 1)):
-                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(bases[walk_pe][walk_j]),
-                                 mark_count.eq(out_cells[walk_j]), mark_clear.eq(1)]
+                    base = bases[walk_pe][walk_j]
+                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(base),
+                                 mark_end.eq(base + out_cells[walk_j]), mark_clear.eq(1)]
                 self._advance(m, walk_pe, walk_j, "FREE_PLACED", "PLACE_END")
 
             # ---- publication ----------------------------------------------------------
@@ -802,7 +898,7 @@ class TileStore(wiring.Component):
                 with m.If(wd.pe == p):
                     read(p, (l_rd.data.base << 4) + wd.addr)
         self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, busy)
-        self._element_ports(m, pay_rd, pay_wr, flg_rd, src_entry, bases)
+        self._element_ports(m, pay_rd, pay_wr, flg_rd, src_entry, src_pc_log, bases)
         return m
 
     @staticmethod
@@ -873,10 +969,12 @@ class TileStore(wiring.Component):
                 with m.If(w.space == MemSpace(s)):
                     m.d.comb += [port.en.eq(w.mask), port.addr.eq(w.addr), port.data.eq(w.data)]
 
-    def _element_ports(self, m, pay_rd, pay_wr, flg_rd, src_entry, bases):
+    def _element_ports(self, m, pay_rd, pay_wr, flg_rd, src_entry, src_pc_log, bases):
         """Per PE: TIMG2COL source element reads and destination element writes."""
-        dtype = self.plan.a_type
-        shift = _log2_bytes(dtype)
+        # log2 of the element bytes, registered: the plan is held from PLACE to PUBLISH or
+        # ABORT, and elements move only in between (decision T13).
+        shift = Signal(2)
+        m.d.sync += shift.eq(_log2_bytes(self.plan.a_type))
         ww = self.ww
         for p in range(PE_COUNT):
             port = self.i2c[p]
@@ -888,17 +986,17 @@ class TileStore(wiring.Component):
             with m.If(port.src_rsp.ready):
                 m.d.sync += rsp_valid.eq(0)
             addr = (src_base << 7) + (port.src_req.payload << shift)
+            # A published source's flag (its valid region) is computed with the request and
+            # registered, beside the memory reads (decision T13).
+            q = port.src_req.payload
+            implicit = Signal(name=f"i2c{p}_implicit")
             with m.If(port.src_req.valid & port.src_req.ready):
-                m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(port.src_req.payload)]
+                m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(q),
+                             implicit.eq(((q >> src_pc_log[p]) < desc.valid_rows)
+                                         & ((q & (desc.phys_cols - 1)) < desc.valid_cols))]
                 m.d.comb += [pay_rd[p].en.eq(1), pay_rd[p].addr.eq(addr[3:3 + ww]),
                              flg_rd[p].en.eq(1),
-                             flg_rd[p].addr.eq((src_base << 2) + (port.src_req.payload >> 6))]
-            pc_log = Signal(5, name=f"i2c{p}_pc_log")
-            for b in range(16):
-                with m.If(desc.phys_cols == (1 << b)):
-                    m.d.comb += pc_log.eq(b)
-            implicit = (((index >> pc_log) < desc.valid_rows)
-                        & ((index & (desc.phys_cols - 1)) < desc.valid_cols))
+                             flg_rd[p].addr.eq((src_base << 2) + (q >> 6))]
             m.d.comb += [
                 port.src_rsp.valid.eq(rsp_valid),
                 port.src_rsp.payload.data.eq(pay_rd[p].data >> (byte << 3)),
