@@ -1,12 +1,12 @@
 """The operand feed of the CUBE engine: systolic-array beats from the tile store.
 
-:class:`OperandFeed` walks one PE's output blocks group by group (``hdl/cube_run.py``,
-:func:`~ptocube.hdl.cube_run.block_walker`) and, for each term k of each slot, reads the
-A column (R elements), the B row (C elements) and, for MX forms, their E8M0 scales from
-their CELL or row-major payloads, and offers the beat to the array
-(``docs/hdl-systolic.md`` section 7).  Every lane (one per array row or column and
-operand) keeps the last payload word it read, so a lane reads a new word only when its
-element moves out of the one it holds.  This *lane path* serves the runs that
+:class:`OperandFeed` walks one PE's output blocks group by group (in the order of
+``hdl/cube_run.py``'s :func:`~ptocube.hdl.cube_run.block_walker`) and, for each term k of
+each slot, reads the A column (R elements), the B row (C elements) and, for MX forms,
+their E8M0 scales from their CELL or row-major payloads, and offers the beat to the array
+(``docs/hdl-systolic.md`` section 7).  Every lane (one per array row or column, operand
+and slot) keeps the last payload words it read, so a lane reads a new word only when its
+element moves out of the ones it holds.  This *lane path* serves the runs that
 :class:`~ptocube.hdl.panel_feed.PanelFeed` does not (Shared or transposed primaries, MX
 scales, the floating Bias term); the engine starts one of the two per run.
 
@@ -15,18 +15,25 @@ group are loaded by the exchange it triggers), the real groups, then one more nu
 that pushes the last results out.  A floating BIAS form adds one term after the K loop:
 a = FP32 1.0, b = Bias[j], so that the FMA computes RNE(acc + Bias[j]) exactly as the
 model's separate bias step does.
+
+The feed is a pipeline (decision C18, ``docs/hdl-cube.md`` "Reads: lanes and the
+arbiter"): a sequencer emits beat *positions* (slot, k, block) from registered blocks;
+three address stages turn a position into every lane's word address and bit offset; the
+lane stage holds a position until all its lanes hold their words, and cuts each element's
+32-bit half out of its word; the beat register shifts and masks the elements and offers
+the beat.  Every stage moves together, when the beat may advance.  Reads are asked from
+registered facts and sent from a request register.
 """
 
-from amaranth.hdl import Module, Mux, Signal, Value
-from amaranth.lib import stream, wiring
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..model.datatype import DataType
-from .cell_address import (cube_m_bits, cube_n8_bits, extract, n8_column_cells,
-                           row_major_bits, word_and_offset)
+from .cell_address import extract
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker, select_block
-from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
+from .cube_run import RunLayout, column_outer
+from .read_arbiter import ReadReqLayout, ReadRspLayout
 from .tile_port import word_addr_width
 
 __all__ = ["OperandFeed", "FeedComponent"]
@@ -52,6 +59,122 @@ class FeedComponent(wiring.Component):
 _FP32_ONE = 0x3F800000
 
 
+def _tree(op, values):
+    """``values`` combined by ``op`` as a balanced tree (a shallow circuit for wide ORs)."""
+    values = list(values)
+    while len(values) > 1:
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def _first(flags):
+    """One-hot: each flag that is set with no lower one set."""
+    return [flag & ~Cat(*flags[:index]).any() if index else flag
+            for index, flag in enumerate(flags)]
+
+
+def _named(m: Module, value, name: str) -> Signal:
+    """``value`` as a signal of its own: it feeds many expressions, and is built once."""
+    sig = Signal(len(Value.cast(value)), name=name)
+    m.d.comb += sig.eq(value)
+    return sig
+
+
+def _lane_cache(m: Module, lanes: list, req, rsp, clear, advance) -> tuple:
+    """The feed's word registers; returns ``(all_hit, words, busy)``.
+
+    ``lanes``: per lane ``(need, space, addr, ahead_need, ahead_addr, in_space,
+    in_addr)``: registers of the lane stage, and the word that the position entering it
+    on ``advance`` will need.  Each lane holds two words with their addresses.  A lane
+    hits when it needs nothing or holds its word.  Which register holds it is itself a
+    register, compared a cycle ahead with the entering (or staying) position's address,
+    so that ``all_hit`` is two gates from registers; a register retargeted in that cycle
+    counts as not holding (it is pending anyway).
+
+    A missing lane asks for its word; a lane that holds it, for its ``ahead`` word.
+    Asks are registered with the address and the register to load; the next cycle the
+    lowest asking lane (words needed now before words ahead) is granted: its register is
+    marked pending with the address (so that it is not asked again) and the read goes
+    into a request register (``req`` is driven from registers).  A granted ask is
+    dropped.  A registered ask may be a cycle old only for a read-ahead (a lane that
+    misses holds the position): it still names a word the lane lacks (only a grant
+    changes a lane's addresses) and a register that is not pending, so at worst it
+    replaces a word that is read again.  ``rsp`` fills the registers; ``clear`` forgets
+    every word (only while no read is outstanding).  ``busy``: an ask or a request is
+    still to be sent.
+    """
+    words, hits, info = [], [], []
+    for index, (need, space, addr, ahead_need, ahead_addr, in_space, in_addr) \
+            in enumerate(lanes):
+        held = [{"word": Signal(64, name=f"lane{index}_word{r}"),
+                 "space": Signal(len(space), name=f"lane{index}_space{r}"),
+                 "addr": Signal(len(addr), name=f"lane{index}_addr{r}"),
+                 "valid": Signal(name=f"lane{index}_valid{r}"),
+                 "pending": Signal(name=f"lane{index}_pending{r}")} for r in range(2)]
+        match = [_named(m, h["valid"] & (h["addr"] == addr) & (h["space"] == space),
+                        f"lane{index}_match{r}") for r, h in enumerate(held)]
+        ahead = [h["valid"] & (h["addr"] == ahead_addr) & (h["space"] == space)
+                 for h in held]
+        matched = match[0] | match[1]
+        incoming = [h["valid"] & (h["addr"] == in_addr) & (h["space"] == in_space)
+                    for h in held]
+        holds = [Signal(name=f"lane{index}_holds{r}") for r in range(2)]
+        ready = (holds[0] & ~held[0]["pending"]) | (holds[1] & ~held[1]["pending"])
+        # A register to (re)load: not waiting for a word, not holding the current one.
+        free = [~h["pending"] & ~(need & hit) for h, hit in zip(held, match)]
+        any_free = free[0] | free[1]
+        now = _named(m, need & ~matched & any_free, f"lane{index}_miss")
+        early = ahead_need & ~(ahead[0] | ahead[1]) & any_free & (~need | matched)
+        ask_now = Signal(name=f"lane{index}_ask")
+        ask_ahead = Signal(name=f"lane{index}_ask_ahead")
+        target = Signal(len(addr), name=f"lane{index}_target")
+        target_space = Signal(len(space), name=f"lane{index}_target_space")
+        victim = Signal(name=f"lane{index}_victim")
+        granted = Signal(name=f"lane{index}_granted")
+        m.d.sync += [ask_now.eq(now & ~granted & ~clear),
+                     ask_ahead.eq(early & ~granted & ~clear),
+                     target.eq(Mux(now, addr, ahead_addr)), target_space.eq(space),
+                     victim.eq(~free[0])]
+        for r, h in enumerate(held):
+            with m.If(rsp.valid & (rsp.tag == 2 * index + r)):
+                m.d.sync += [h["word"].eq(rsp.data), h["pending"].eq(0)]
+            with m.If(clear):
+                m.d.sync += h["valid"].eq(0)
+            with m.If(granted & (victim == r)):
+                m.d.sync += [h["space"].eq(target_space), h["addr"].eq(target),
+                             h["valid"].eq(1), h["pending"].eq(1)]
+            m.d.sync += holds[r].eq(Mux(advance, incoming[r], match[r])
+                                    & ~(granted & (victim == r)) & ~clear)
+        words.append(_named(m, Mux(holds[1], held[1]["word"], held[0]["word"]),
+                            f"lane{index}_word"))
+        hits.append(~need | ready)
+        info.append((ask_now, ask_ahead, target, target_space, victim, granted))
+
+    asks = [i[0] for i in info] + [i[1] for i in info]
+    first = _first(asks)
+    grants = [_named(m, now | early, f"lane{index}_grant") for index, (now, early)
+              in enumerate(zip(first[:len(info)], first[len(info):]))]
+    rq_valid = Signal(name="lane_rq_valid")
+    rq = Signal(req.payload.shape(), name="lane_rq")
+    load = _named(m, ~rq_valid | req.ready, "lane_rq_load")
+
+    def chosen(values):
+        return _tree(lambda x, y: x | y,
+                     [Mux(grant, value, 0) for grant, value in zip(grants, values)])
+
+    with m.If(load):
+        m.d.sync += [rq_valid.eq(Cat(*asks).any()),
+                     rq.space.as_value().eq(chosen([i[3] for i in info])),
+                     rq.addr.eq(chosen([i[2] for i in info])),
+                     rq.tag.eq(chosen([2 * index + i[4] for index, i in enumerate(info)]))]
+    m.d.comb += [i[5].eq(load & grant) for i, grant in zip(info, grants)]
+    m.d.comb += [req.valid.eq(rq_valid), req.payload.eq(rq)]
+    all_hit = Signal(name="lane_all_hit")
+    m.d.comb += all_hit.eq(_tree(lambda x, y: x & y, hits) if hits else 1)
+    return all_hit, words, rq_valid | Cat(*asks).any()
+
+
 class OperandFeed(FeedComponent):
     """Beats for one PE's run of a Matrix plan.
 
@@ -69,156 +192,137 @@ class OperandFeed(FeedComponent):
     done : Out(1)
         High while idle (after reset, and once the run's last beat is taken).
     feed : Out(stream.Signature(feed_shape))
-        Beats for the array.
+        Beats for the array, from a register.
     rd : Out(stream.Signature(ReadReqLayout)), rsp : In(ReadRspLayout)
-        Payload reads through the engine's read arbiter.
+        Payload reads through the engine's read arbiter, from a request register.
     """
 
     def elaborate(self, platform):
         m = Module()
-        cfg, run, beat = self.config, self.run, self.feed.payload
-        rows, cols, slots = cfg.rows, cfg.cols, self.slots
+        cfg, run = self.config, self.run
+        rows, cols, slots, scaled = cfg.rows, cfg.cols, self.slots, self.has_scale
         aw = word_addr_width(cfg)
+        sw = aw + 6                         # a word address and the bit offset in it
 
-        k = Signal(16)
-        s = Signal(range(max(2, slots)))
-        terms = (run.k + run.float_bias)[:17]
-        last_term = k + 1 == terms
-        step_group = Signal()
+        # ------------------------------------------------------------------
+        # Run facts: the run context is still from start to done, so everything the
+        # address stages derive from it alone is registered (valid one cycle after start,
+        # long before the first real position reaches them).
+        # ------------------------------------------------------------------
+        def fact(value, width, name):
+            reg = Signal(width, name=f"f_{name}")
+            m.d.sync += reg.eq(value)
+            return reg
+
+        # An integer-only build has no floating plan, hence no floating Bias term.
+        float_bias = run.float_bias if cfg.float_types else Const(0)
+
+        def mask(log2):
+            return ((Value.cast(1) << log2) - 1)[:16]
+
+        f_k = fact(run.k, 16, "k")
+        f_terms_m1 = fact((run.k + float_bias - 1)[:16], 16, "terms_m1")
+        f_float_bias = fact(float_bias, 1, "float_bias")
+        f_m, f_n = fact(run.m, 16, "m"), fact(run.n, 16, "n")
+        f_col_outer = fact(column_outer(cols, run.m, run.n), 1, "col_outer")
+        f_load = fact(run.acc | run.int_bias, 1, "load")
+        f_a_type, f_b_type = fact(run.a_type, 5, "a_type"), fact(run.b_type, 5, "b_type")
+
+        a_w, a_p = run.a_log2w, run.a.log2p
+        f_a_w = fact(a_w, 3, "a_w")
+        f_a_space = fact(Value.cast(run.a.space), 3, "a_space")
+        f_a_base = fact(run.a.base << 10, sw, "a_base")
+        f_a_cell = fact(~run.a_shared, 1, "a_cell")
+        f_paired = fact(run.m32 & ~run.a_shared, 1, "paired")
+        f_a_row_sh = fact(Mux(run.a_shared, Mux(run.trans_a, a_w, a_p + a_w),
+                              Mux(run.m32, 5, 6)), 5, "a_row_sh")
+        f_a_k_sh = fact(Mux(run.trans_a, a_p + a_w, a_w), 5, "a_k_sh")
+        f_a_cc = fact((Mux(run.m32, 5, 6) - a_w)[:3], 3, "a_cc")
+        f_a_swap = fact(~run.m32 & (a_w == 2), 1, "a_swap")
+        f_a_next = fact(mask(Mux(run.a_shared, Mux(run.trans_a, 0, 6 - a_w),
+                                 Mux(run.m32, 5, 6) - a_w)[:4]), 16, "a_next")
+
+        b_w, b_p = run.b_log2w, run.b.log2p
+        f_b_w = fact(b_w, 3, "b_w")
+        f_b_space = fact(Value.cast(run.b.space), 3, "b_space")
+        f_b_base = fact(run.b.base << 10, sw, "b_base")
+        f_b_cell = fact(~run.b_shared, 1, "b_cell")
+        f_b_krep = fact(run.b_k_repeat, 13, "b_krep")
+        f_b_row_sh = fact(Mux(run.trans_b, b_p + b_w, b_w), 5, "b_row_sh")
+        f_b_k_sh = fact(Mux(run.trans_b, b_w, b_p + b_w), 5, "b_k_sh")
+        f_b_cr = fact((7 - b_w)[:3], 3, "b_cr")
+        f_b_next = fact(mask(Mux(run.b_shared & run.trans_b, 0, 6 - b_w)[:4]), 16, "b_next")
+        f_bias_space = fact(Value.cast(run.bias.space), 3, "bias_space")
+        f_bias_base = fact(run.bias.base << 10, sw, "bias_base")
+        if scaled:
+            f_a_scaled = fact(run.a_scaled, 1, "a_scaled")
+            f_b_scaled = fact(run.b_scaled, 1, "b_scaled")
+            f_sa_space = fact(Value.cast(run.a_scale.space), 3, "sa_space")
+            f_sb_space = fact(Value.cast(run.b_scale.space), 3, "sb_space")
+            f_sa_base = fact(run.a_scale.base << 10, sw, "sa_base")
+            f_sb_base = fact(run.b_scale.base << 10, sw, "sb_base")
+            f_sa_row_sh = fact(run.a_scale.log2p + 3, 5, "sa_row_sh")
+            f_sb_k_sh = fact(run.b_scale.log2p + 3, 5, "sb_k_sh")
+
+        # ------------------------------------------------------------------
+        # The pipeline's common enable: the lane stage's position may become the beat.
+        # ------------------------------------------------------------------
+        adv, rq_busy = Signal(), Signal()
+        p1_valid, p2_valid, p3_valid, p4_valid, q_valid, out_valid = (
+            Signal(name=f"{n}_valid") for n in ("p1", "p2", "p3", "p4", "q", "out"))
+
+        # ------------------------------------------------------------------
+        # Blocks: a walker steps one block per cycle (the order of block_walker) into
+        # the next group's registers; a group step copies them into the current ones.
+        # ------------------------------------------------------------------
+        Block = data.StructLayout({"r": 16, "c": 16, "used": 1,
+                                   "rows_ok": rows, "cols_ok": cols})
         restart = Signal()
-        blocks, walk_done = block_walker(m, "feed", rows, cols, slots, run.m, run.n,
-                                         restart, step_group)
-        row0, col0, used = select_block(m, blocks, s)
+        walk_r, walk_c = Signal(16), Signal(16)
+        m_left, n_left = Signal(signed(18)), Signal(signed(18))
+        m.d.comb += [m_left.eq(f_m - walk_r), n_left.eq(f_n - walk_c)]
+        walked = Signal(Block)
+        m.d.comb += [walked.r.eq(walk_r), walked.c.eq(walk_c),
+                     walked.used.eq(Mux(f_col_outer, n_left > 0, m_left > 0)),
+                     walked.rows_ok.eq(Cat(*(m_left > i for i in range(rows)))),
+                     walked.cols_ok.eq(Cat(*(n_left > j for j in range(cols))))]
+        wrap = Mux(f_col_outer, m_left <= rows, n_left <= cols)
+        step_r = Mux(f_col_outer, ~wrap, wrap)
+        reset_r, reset_c = f_col_outer & wrap, ~f_col_outer & wrap
+        nxt = [Signal(Block, name=f"next_block{l}") for l in range(slots)]
+        cur = [Signal(Block, name=f"block{l}") for l in range(slots)]
+        nxt_count = Signal(range(slots + 1))
+        nxt_full = nxt_count == slots
+        have_group = Signal()
+        load_group = Signal()
+        with m.If(restart):
+            m.d.sync += [walk_r.eq(0), walk_c.eq(0), nxt_count.eq(0)]
+        with m.Elif(load_group):
+            m.d.sync += [c.eq(n) for c, n in zip(cur, nxt)]
+            m.d.sync += nxt_count.eq(0)
+        with m.Elif(~nxt_full):
+            for l in range(slots):
+                with m.If(nxt_count == l):
+                    m.d.sync += nxt[l].eq(walked)
+            m.d.sync += [nxt_count.eq(nxt_count + 1),
+                         walk_r.eq(Mux(reset_r, 0, Mux(step_r, walk_r + rows, walk_r))),
+                         walk_c.eq(Mux(reset_c, 0, Mux(step_r, walk_c, walk_c + cols)))]
 
-        in_real = Signal()
-        bias_term = Signal()
-        m.d.comb += bias_term.eq(run.float_bias & (k == run.k))
-        real_beat = in_real & used
-
-        # Lanes: A rows, B columns, then the scales.
-        lanes, extractors = [], []
-        # Every lane is per slot (array row or column, operand and slot), so that each
-        # slot's words survive the other slots' beats.  The address is computed once, for
-        # the slot on offer.
-        # Each lane reads ahead the word holding its next elements along K: the first k of
-        # the next word of that lane (a row of a CELL holds 64 or 32 bits of A; a CUBE_N8
-        # column and a row-major row hold 64 bits per word; a transposed Shared primary
-        # moves to another row every k; a scale changes every 32 k).
-        def next_k(log2_run):
-            return ((k | ((Value.cast(1) << log2_run) - 1)[:16]) + 1)[:17]
-
-        a_run = Mux(run.a_shared, Mux(run.trans_a, 0, 6 - run.a_log2w),
-                    Mux(run.m32, 5, 6) - run.a_log2w)[:4]
-        b_run = Mux(run.b_shared & run.trans_b, 0, 6 - run.b_log2w)[:4]
-        a_next, b_next = next_k(a_run), next_k(b_run)
-        scale_next = next_k(5)
-        ahead_ok = real_beat & ~bias_term
-
-        def a_bits(row, kk):
-            local = cube_m_bits(run.m32, run.a_log2w, row, kk)
-            shared = Mux(run.trans_a, row_major_bits(run.a_log2w, run.a.log2p, kk, row),
-                         row_major_bits(run.a_log2w, run.a.log2p, row, kk))
-            return Mux(run.a_shared, shared, local)
-
-        # A CUBE_M32 word holds two rows: with R even, blocks start on an even row, so an
-        # odd array row takes its element from the even row's word (read once).
-        pairs = rows % 2 == 0
-        paired = run.m32 & ~run.a_shared
-        for i in range(rows):
-            gi = row0 + i
-            addr, off = word_and_offset(run.a.base, a_bits(gi, k), aw)
-            ahead, _ = word_and_offset(run.a.base, a_bits(gi, a_next), aw)
-            for lane_slot in range(slots):
-                need = real_beat & (gi < run.m) & ~bias_term & (s == lane_slot)
-                own = need & ~paired if pairs and i % 2 else need
-                lanes.append((own, run.a.space, addr, own & ahead_ok & (a_next < run.k),
-                              ahead))
-                extractors.append((need, off, run.a_log2w))
-        def b_bits(column_cells, kk, col):
-            local = cube_n8_bits(run.b_log2w, column_cells, kk, col)
-            shared = Mux(run.trans_b, row_major_bits(run.b_log2w, run.b.log2p, col, kk),
-                         row_major_bits(run.b_log2w, run.b.log2p, kk, col))
-            return Mux(run.b_shared, shared, local)
-
-        for j in range(cols):
-            gj = col0 + j
-            column_cells = n8_column_cells(run.b_k_repeat, gj)
-            b_addr, b_off = word_and_offset(run.b.base, b_bits(column_cells, k, gj), aw)
-            b_ahead, _ = word_and_offset(run.b.base, b_bits(column_cells, b_next, gj), aw)
-            bias_addr, bias_off = word_and_offset(run.bias.base, gj << 5, aw)
-            for lane_slot in range(slots):
-                need = real_beat & (gj < run.n) & (s == lane_slot)
-                lanes.append((need, Mux(bias_term, run.bias.space, run.b.space),
-                              Mux(bias_term, bias_addr, b_addr),
-                              need & ahead_ok & (b_next < run.k), b_ahead))
-                extractors.append((need, Mux(bias_term, bias_off, b_off),
-                                   Mux(bias_term, 5, run.b_log2w)))
-        if self.has_scale:
-            for i in range(rows):
-                gi = row0 + i
-                addr, off = word_and_offset(
-                    run.a_scale.base, row_major_bits(3, run.a_scale.log2p, gi, k >> 5), aw)
-                ahead, _ = word_and_offset(
-                    run.a_scale.base,
-                    row_major_bits(3, run.a_scale.log2p, gi, scale_next >> 5), aw)
-                for lane_slot in range(slots):
-                    need = real_beat & (gi < run.m) & ~bias_term & run.a_scaled \
-                        & (s == lane_slot)
-                    lanes.append((need, run.a_scale.space, addr,
-                                  need & (scale_next < run.k), ahead))
-                    extractors.append((need, off, 3))
-            for j in range(cols):
-                gj = col0 + j
-                addr, off = word_and_offset(
-                    run.b_scale.base, row_major_bits(3, run.b_scale.log2p, k >> 5, gj), aw)
-                ahead, _ = word_and_offset(
-                    run.b_scale.base,
-                    row_major_bits(3, run.b_scale.log2p, scale_next >> 5, gj), aw)
-                for lane_slot in range(slots):
-                    need = real_beat & (gj < run.n) & ~bias_term & run.b_scaled \
-                        & (s == lane_slot)
-                    lanes.append((need, run.b_scale.space, addr,
-                                  need & (scale_next < run.k), ahead))
-                    extractors.append((need, off, 3))
-
-        all_hit, words = lane_cache(m, "lane", lanes, self.rd, self.rsp, self.start)
-        for i in range(1, rows if pairs else 0, 2):
-            for lane_slot in range(slots):
-                lane = i * slots + lane_slot             # A lanes come first, row-major
-                words[lane] = Mux(paired, words[lane - slots], words[lane])
-        values = [Mux(need, extract(word, off, log2w, 32), 0)
-                  for word, (need, off, log2w) in zip(words, extractors)]
-
-        def per_slot(group, count):
-            """The value of each row or column from the lane of the slot on offer."""
-            merged = []
-            for j in range(count):
-                value = group[j * slots]
-                for lane_slot in range(1, slots):
-                    value = Mux(s == lane_slot, group[j * slots + lane_slot], value)
-                merged.append(value)
-            return merged
-
-        a_values = per_slot(values[:rows * slots], rows)
-        b_values = per_slot(values[rows * slots:(rows + cols) * slots], cols)
-        m.d.comb += [beat.a[i].eq(Mux(bias_term, _FP32_ONE, a_values[i])) for i in range(rows)]
-        m.d.comb += [beat.b[j].eq(b_values[j]) for j in range(cols)]
-        m.d.comb += [beat.a_type.eq(Mux(bias_term, int(DataType.FP32), run.a_type)),
-                     beat.b_type.eq(Mux(bias_term, int(DataType.FP32), run.b_type)),
-                     beat.slot.eq(s), beat.first.eq(k == 0),
-                     beat.load.eq(run.acc | run.int_bias), beat.null.eq(~real_beat)]
-        if self.has_scale:
-            scales = values[(rows + cols) * slots:]
-            a_scales = per_slot(scales[:rows * slots], rows)
-            b_scales = per_slot(scales[rows * slots:], cols)
-            m.d.comb += [beat.a_scale[i].eq(a_scales[i]) for i in range(rows)]
-            m.d.comb += [beat.b_scale[j].eq(b_scales[j]) for j in range(cols)]
-            m.d.comb += [beat.a_scale_en.eq(run.a_scaled & ~bias_term),
-                         beat.b_scale_en.eq(run.b_scaled & ~bias_term)]
-
-        # Sequencer: a null group, the real groups, a null group.
-        taken = self.feed.valid & self.feed.ready
-        next_slot = Signal()
+        # ------------------------------------------------------------------
+        # Sequencer: a null group, the real groups, a null group; one position per
+        # cycle (slot s, term k) into stage 1.
+        # ------------------------------------------------------------------
+        s = Signal(range(max(2, slots)))
+        k = Signal(16)
+        left = Signal(16)                   # terms after k
+        last_term = Signal()                # left == 0, kept with it
+        k_zero = k == 0
+        block = Signal(Block)
+        m.d.comb += block.eq(cur[0])
+        for l in range(1, slots):
+            with m.If(s == l):
+                m.d.comb += block.eq(cur[l])
+        emit, real, next_slot, group_end = Signal(), Signal(), Signal(), Signal()
         with m.If(next_slot):
             m.d.sync += s.eq(Mux(s == slots - 1, 0, s + 1))
         with m.FSM():
@@ -226,31 +330,281 @@ class OperandFeed(FeedComponent):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
-                    m.d.sync += [s.eq(0), k.eq(0)]
+                    m.d.sync += [s.eq(0), k.eq(0),
+                                 left.eq((run.k + float_bias - 1)[:16]),
+                                 last_term.eq(run.k + float_bias == 1)]
                     m.next = "NULL_FIRST"
             with m.State("NULL_FIRST"):
-                m.d.comb += self.feed.valid.eq(1)
-                with m.If(taken):
-                    m.d.comb += next_slot.eq(1)
-                    with m.If(s == slots - 1):
-                        m.next = "REAL"
+                m.d.comb += [emit.eq(1), next_slot.eq(adv)]
+                with m.If(adv & (s == slots - 1)):
+                    m.next = "REAL"
             with m.State("REAL"):
-                m.d.comb += in_real.eq(1)
-                with m.If(walk_done):
-                    m.d.comb += in_real.eq(0)
-                    m.next = "NULL_LAST"
-                with m.Elif(~used & (k != 0)):
-                    m.d.comb += next_slot.eq(1)        # no beat: the slot has no block
-                with m.Else():
-                    m.d.comb += self.feed.valid.eq(all_hit)
-                    m.d.comb += next_slot.eq(taken)
-                with m.If(next_slot & (s == slots - 1)):
-                    m.d.sync += k.eq(Mux(last_term, 0, k + 1))
-                    m.d.comb += step_group.eq(last_term)
+                m.d.comb += load_group.eq(~have_group & nxt_full)
+                # Without a group the walker is still filling it: no position.
+                with m.If(have_group):
+                    with m.If(~cur[0].used):
+                        m.next = "NULL_LAST"        # past the last group
+                    with m.Elif(~block.used & ~k_zero):
+                        m.d.comb += next_slot.eq(1)     # no beat: the slot has no block
+                    with m.Else():
+                        m.d.comb += [emit.eq(1), real.eq(block.used), next_slot.eq(adv)]
+                with m.If(have_group & next_slot & (s == slots - 1)):
+                    m.d.sync += [k.eq(Mux(last_term, 0, k + 1)),
+                                 left.eq(Mux(last_term, f_terms_m1, left - 1)),
+                                 last_term.eq(Mux(last_term, f_terms_m1 == 0, left == 1))]
+                    with m.If(last_term):
+                        m.d.comb += [group_end.eq(1), load_group.eq(nxt_full)]
             with m.State("NULL_LAST"):
-                m.d.comb += self.feed.valid.eq(1)
-                with m.If(taken):
-                    m.d.comb += next_slot.eq(1)
-                    with m.If(s == slots - 1):
-                        m.next = "IDLE"
+                m.d.comb += [emit.eq(1), next_slot.eq(adv)]
+                with m.If(adv & (s == slots - 1)):
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                with m.If(~(p1_valid | p2_valid | p3_valid | p4_valid | q_valid | out_valid
+                                  | rq_busy)):
+                    m.next = "IDLE"
+        with m.If(restart):
+            m.d.sync += have_group.eq(0)
+        with m.Elif(load_group):
+            m.d.sync += have_group.eq(1)
+        with m.Elif(group_end):
+            m.d.sync += have_group.eq(0)
+
+        # ------------------------------------------------------------------
+        # Stage 1: the position (slot, k, the next word's k per operand, the block).
+        # ------------------------------------------------------------------
+        def reg(width, name):
+            return Signal(width, name=name)
+
+        p1_slot, p1_real, p1_bias, p1_first = (reg(len(s), "p1_slot"), reg(1, "p1_real"),
+                                               reg(1, "p1_bias"), reg(1, "p1_first"))
+        p1_k, p1_ka, p1_kb, p1_ks = (reg(16, "p1_k"), reg(17, "p1_ka"), reg(17, "p1_kb"),
+                                     reg(17, "p1_ks"))
+        p1_block = Signal(Block, name="p1_block")
+        # A lane's next word along K holds the first k of its next run of elements (a CELL
+        # row slice of A, 64 bits of a CUBE_N8 column or a row-major row, the next row of
+        # a transposed Shared primary, the next 32-k block of a scale).
+        with m.If(adv):
+            m.d.sync += [p1_valid.eq(emit), p1_real.eq(real), p1_slot.eq(s),
+                         p1_bias.eq(f_float_bias & last_term), p1_first.eq(k_zero),
+                         p1_k.eq(k), p1_ka.eq((k | f_a_next) + 1), p1_kb.eq((k | f_b_next) + 1),
+                         p1_ks.eq((k | 31) + 1), p1_block.eq(block)]
+
+        # ------------------------------------------------------------------
+        # Stage 2: each row's and column's index and need; each operand's K part of the
+        # bit address (for k and for the next word's k).
+        # ------------------------------------------------------------------
+        def a_kpart(kk):
+            inner = kk & mask(f_a_cc)
+            swapped = Mux(f_a_swap, (inner & 0b10011) | (inner[2] << 3) | (inner[3] << 2),
+                          inner)
+            cell = ((kk >> f_a_cc) << 10) | (swapped << f_a_w)
+            return Mux(f_a_cell, cell, kk << f_a_k_sh)[:sw]
+
+        def b_kpart(kk):
+            cell = ((kk >> f_b_cr) << 10) | ((kk & mask(f_b_cr)[:8]) << f_b_w)
+            return Mux(f_b_cell, cell, kk << f_b_k_sh)[:sw]
+
+        p2_slot, p2_real, p2_bias, p2_first = (reg(len(s), "p2_slot"), reg(1, "p2_real"),
+                                               reg(1, "p2_bias"), reg(1, "p2_first"))
+        p2_gi = [reg(16, f"p2_row{i}") for i in range(rows)]
+        p2_gj = [reg(16, f"p2_col{j}") for j in range(cols)]
+        p2_cells = [reg(sw - 10, f"p2_cells{j}") for j in range(cols)]
+        p2_need_a = [reg(1, f"p2_need_a{i}") for i in range(rows)]
+        p2_need_b = [reg(1, f"p2_need_b{j}") for j in range(cols)]
+        p2_ka, p2_ka_next, p2_kb, p2_kb_next = (reg(sw, n) for n in (
+            "p2_ka", "p2_ka_next", "p2_kb", "p2_kb_next"))
+        p2_ahead_a, p2_ahead_b = reg(1, "p2_ahead_a"), reg(1, "p2_ahead_b")
+        with m.If(adv):
+            m.d.sync += [p2_valid.eq(p1_valid), p2_slot.eq(p1_slot), p2_real.eq(p1_real),
+                         p2_bias.eq(p1_bias), p2_first.eq(p1_first),
+                         p2_ka.eq(a_kpart(p1_k)), p2_ka_next.eq(a_kpart(p1_ka)),
+                         p2_kb.eq(Mux(p1_bias, 0, b_kpart(p1_k))),
+                         p2_kb_next.eq(b_kpart(p1_kb)),
+                         p2_ahead_a.eq(p1_real & ~p1_bias & (p1_ka < f_k)),
+                         p2_ahead_b.eq(p1_real & ~p1_bias & (p1_kb < f_k))]
+            m.d.sync += [p2_gi[i].eq(p1_block.r + i) for i in range(rows)]
+            m.d.sync += [p2_gj[j].eq(p1_block.c + j) for j in range(cols)]
+            # CUBE_N8: column gj's first CELL is (gj // 8) * K_repeat (a multiplier, in a
+            # stage of its own).
+            m.d.sync += [p2_cells[j].eq(((p1_block.c + j) >> 3) * f_b_krep)
+                         for j in range(cols)]
+            m.d.sync += [p2_need_a[i].eq(p1_real & p1_block.rows_ok[i] & ~p1_bias)
+                         for i in range(rows)]
+            m.d.sync += [p2_need_b[j].eq(p1_real & p1_block.cols_ok[j]) for j in range(cols)]
+        if scaled:
+            p2_need_sa = [reg(1, f"p2_need_sa{i}") for i in range(rows)]
+            p2_need_sb = [reg(1, f"p2_need_sb{j}") for j in range(cols)]
+            p2_ksa, p2_ksa_next, p2_ksb, p2_ksb_next = (reg(sw, n) for n in (
+                "p2_ksa", "p2_ksa_next", "p2_ksb", "p2_ksb_next"))
+            p2_ahead_s = reg(1, "p2_ahead_s")
+            with m.If(adv):
+                m.d.sync += [p2_ksa.eq((p1_k >> 5) << 3), p2_ksa_next.eq((p1_ks >> 5) << 3),
+                             p2_ksb.eq(((p1_k >> 5) << f_sb_k_sh)[:sw]),
+                             p2_ksb_next.eq(((p1_ks >> 5) << f_sb_k_sh)[:sw]),
+                             p2_ahead_s.eq(p1_ks < f_k)]
+                m.d.sync += [p2_need_sa[i].eq(p1_real & p1_block.rows_ok[i] & ~p1_bias
+                                              & f_a_scaled) for i in range(rows)]
+                m.d.sync += [p2_need_sb[j].eq(p1_real & p1_block.cols_ok[j] & ~p1_bias
+                                              & f_b_scaled) for j in range(cols)]
+
+        # ------------------------------------------------------------------
+        # Stage 3: each row's and column's part of the bit address, base included.
+        # ------------------------------------------------------------------
+        p3_slot, p3_real, p3_bias, p3_first = (reg(len(s), "p3_slot"), reg(1, "p3_real"),
+                                               reg(1, "p3_bias"), reg(1, "p3_first"))
+        p3_row_a = [reg(sw, f"p3_row_a{i}") for i in range(rows)]
+        p3_row_b = [reg(sw, f"p3_row_b{j}") for j in range(cols)]
+        p3_need_a = [reg(1, f"p3_need_a{i}") for i in range(rows)]
+        p3_need_b = [reg(1, f"p3_need_b{j}") for j in range(cols)]
+        p3_ka, p3_ka_next, p3_kb, p3_kb_next = (reg(sw, n) for n in (
+            "p3_ka", "p3_ka_next", "p3_kb", "p3_kb_next"))
+        p3_ahead_a, p3_ahead_b = reg(1, "p3_ahead_a"), reg(1, "p3_ahead_b")
+        with m.If(adv):
+            m.d.sync += [p3_valid.eq(p2_valid), p3_slot.eq(p2_slot), p3_real.eq(p2_real),
+                         p3_bias.eq(p2_bias), p3_first.eq(p2_first),
+                         p3_ka.eq(p2_ka), p3_ka_next.eq(p2_ka_next), p3_kb.eq(p2_kb),
+                         p3_kb_next.eq(p2_kb_next), p3_ahead_a.eq(p2_ahead_a),
+                         p3_ahead_b.eq(p2_ahead_b)]
+            m.d.sync += [p3_need_a[i].eq(p2_need_a[i]) for i in range(rows)]
+            m.d.sync += [p3_need_b[j].eq(p2_need_b[j]) for j in range(cols)]
+            m.d.sync += [p3_row_a[i].eq(f_a_base + (p2_gi[i] << f_a_row_sh))
+                         for i in range(rows)]
+            for j in range(cols):
+                gj = p2_gj[j]
+                # CUBE_N8: CELLs K-fast, N-slow; column gj's slice in its CELL is gj % 8.
+                n8 = (p2_cells[j] << 10) | (gj[:3] << 7)
+                m.d.sync += p3_row_b[j].eq(Mux(
+                    p2_bias, f_bias_base + (gj << 5),
+                    f_b_base + Mux(f_b_cell, n8, gj << f_b_row_sh)))
+        if scaled:
+            p3_row_sa = [reg(sw, f"p3_row_sa{i}") for i in range(rows)]
+            p3_row_sb = [reg(sw, f"p3_row_sb{j}") for j in range(cols)]
+            p3_need_sa = [reg(1, f"p3_need_sa{i}") for i in range(rows)]
+            p3_need_sb = [reg(1, f"p3_need_sb{j}") for j in range(cols)]
+            p3_ksa, p3_ksa_next, p3_ksb, p3_ksb_next = (reg(sw, n) for n in (
+                "p3_ksa", "p3_ksa_next", "p3_ksb", "p3_ksb_next"))
+            p3_ahead_s = reg(1, "p3_ahead_s")
+            with m.If(adv):
+                m.d.sync += [p3_ksa.eq(p2_ksa), p3_ksa_next.eq(p2_ksa_next),
+                             p3_ksb.eq(p2_ksb), p3_ksb_next.eq(p2_ksb_next),
+                             p3_ahead_s.eq(p2_ahead_s)]
+                m.d.sync += [p3_need_sa[i].eq(p2_need_sa[i]) for i in range(rows)]
+                m.d.sync += [p3_need_sb[j].eq(p2_need_sb[j]) for j in range(cols)]
+                m.d.sync += [p3_row_sa[i].eq(f_sa_base + (p2_gi[i] << f_sa_row_sh))
+                             for i in range(rows)]
+                m.d.sync += [p3_row_sb[j].eq(f_sb_base + (p2_gj[j] << 3))
+                             for j in range(cols)]
+
+        # ------------------------------------------------------------------
+        # Stage 4 (the lane stage): every lane's word address and bit offset, for k and
+        # for its next word; it holds the position until every lane holds its word.
+        # ------------------------------------------------------------------
+        p4_slot, p4_real, p4_bias, p4_first = (reg(len(s), "p4_slot"), reg(1, "p4_real"),
+                                               reg(1, "p4_bias"), reg(1, "p4_first"))
+        lanes, extractors = [], []
+        slot_is = [Signal(name=f"p4_slot_is{l}") for l in range(slots)]
+        m.d.comb += [slot_is[l].eq(p4_slot == l) for l in range(slots)]
+
+        def lane_group(name, count, row_parts, k_part, k_next, needs, ahead, space, log2w,
+                       in_space, own=lambda index, need: need):
+            """The lane-stage registers of one operand's R or C lanes, one per slot."""
+            for index in range(count):
+                addr, off = reg(aw, f"p4_{name}_addr{index}"), reg(6, f"p4_{name}_off{index}")
+                next_addr = reg(aw, f"p4_{name}_next{index}")
+                need = reg(1, f"p4_{name}_need{index}")
+                own_need = reg(1, f"p4_{name}_own{index}")
+                ahead_need = reg(1, f"p4_{name}_ahead{index}")
+                bits = _named(m, (row_parts[index] + k_part)[:sw], f"p3_{name}_bits{index}")
+                with m.If(adv):
+                    m.d.sync += [addr.eq(bits[6:]), off.eq(bits[:6]),
+                                 next_addr.eq((row_parts[index] + k_next)[6:sw]),
+                                 need.eq(needs[index]), own_need.eq(own(index, needs[index])),
+                                 ahead_need.eq(own(index, needs[index]) & ahead)]
+                for lane_slot in range(slots):
+                    here = slot_is[lane_slot]
+                    lanes.append((own_need & here, space, addr,
+                                  ahead_need & here, next_addr, in_space, bits[6:]))
+                    extractors.append((need & here, off, log2w))
+
+        # A CUBE_M32 word holds two rows: with R even, blocks start on an even row, so an
+        # odd array row takes its element from the even row's word (read once).
+        pairs = rows % 2 == 0
+
+        def own_a(index, need):
+            return need & ~f_paired if pairs and index % 2 else need
+
+        lane_group("a", rows, p3_row_a, p3_ka, p3_ka_next, p3_need_a, p3_ahead_a,
+                   f_a_space, f_a_w, f_a_space, own_a)
+        lane_group("b", cols, p3_row_b, p3_kb, p3_kb_next, p3_need_b, p3_ahead_b,
+                   Mux(p4_bias, f_bias_space, f_b_space), Mux(p4_bias, 5, f_b_w),
+                   Mux(p3_bias, f_bias_space, f_b_space))
+        if scaled:
+            lane_group("sa", rows, p3_row_sa, p3_ksa, p3_ksa_next, p3_need_sa, p3_ahead_s,
+                       f_sa_space, 3, f_sa_space)
+            lane_group("sb", cols, p3_row_sb, p3_ksb, p3_ksb_next, p3_need_sb, p3_ahead_s,
+                       f_sb_space, 3, f_sb_space)
+        with m.If(adv):
+            m.d.sync += [p4_valid.eq(p3_valid), p4_slot.eq(p3_slot), p4_real.eq(p3_real),
+                         p4_bias.eq(p3_bias), p4_first.eq(p3_first)]
+
+        all_hit, words, busy = _lane_cache(m, lanes, self.rd, self.rsp, self.start, adv)
+        m.d.comb += rq_busy.eq(busy)
+        for i in range(1, rows if pairs else 0, 2):
+            for lane_slot in range(slots):
+                lane = i * slots + lane_slot             # A lanes come first, row-major
+                words[lane] = Mux(f_paired, words[lane - slots], words[lane])
+
+        # ------------------------------------------------------------------
+        # Stage 5: each row's and column's element window.  An element (at most 32 bits,
+        # aligned to its width) lies in one half of its word: the half moves on, the
+        # shift inside it and the mask are the beat register's work.
+        # ------------------------------------------------------------------
+        q_slot, q_real, q_bias, q_first = (reg(len(s), "q_slot"), reg(1, "q_real"),
+                                           reg(1, "q_bias"), reg(1, "q_first"))
+        windows = []
+        for index in range(len(lanes) // slots):
+            window, off = reg(32, f"q_window{index}"), reg(5, f"q_off{index}")
+            need, log2w = reg(1, f"q_need{index}"), reg(3, f"q_log2w{index}")
+            need_now, window_now, off_now = 0, None, None   # slot 0's half comes first
+            for lane_slot in range(slots):
+                lane = index * slots + lane_slot
+                here_need, here_off, log2w_now = extractors[lane]
+                half = Mux(here_off[5], words[lane][32:], words[lane][:32])
+                if lane_slot:
+                    window_now = Mux(slot_is[lane_slot], half, window_now)
+                    off_now = Mux(slot_is[lane_slot], here_off[:5], off_now)
+                else:
+                    window_now, off_now = half, here_off[:5]
+                need_now = need_now | here_need
+            with m.If(adv):
+                m.d.sync += [window.eq(window_now), off.eq(off_now), need.eq(need_now),
+                             log2w.eq(log2w_now)]
+            windows.append(Mux(need, extract(window, off, log2w, 32), 0))
+        with m.If(adv):
+            m.d.sync += [q_valid.eq(p4_valid), q_slot.eq(p4_slot), q_real.eq(p4_real),
+                         q_bias.eq(p4_bias), q_first.eq(p4_first)]
+
+        # ------------------------------------------------------------------
+        # The beat register.
+        # ------------------------------------------------------------------
+        m.d.comb += adv.eq((~out_valid | self.feed.ready) & (~p4_valid | all_hit))
+        out = Signal(self.feed.payload.shape(), name="out")
+        m.d.comb += [self.feed.valid.eq(out_valid), self.feed.payload.eq(out)]
+        with m.If(adv):
+            m.d.sync += out_valid.eq(q_valid)
+        with m.Elif(self.feed.ready):
+            m.d.sync += out_valid.eq(0)
+        with m.If(adv):
+            m.d.sync += [out.a[i].eq(Mux(q_bias, _FP32_ONE, windows[i])) for i in range(rows)]
+            m.d.sync += [out.b[j].eq(windows[rows + j]) for j in range(cols)]
+            m.d.sync += [out.a_type.eq(Mux(q_bias, int(DataType.FP32), f_a_type)),
+                         out.b_type.eq(Mux(q_bias, int(DataType.FP32), f_b_type)),
+                         out.slot.eq(q_slot), out.first.eq(q_first),
+                         out.load.eq(f_load), out.null.eq(~q_real)]
+            if scaled:
+                m.d.sync += [out.a_scale[i].eq(windows[rows + cols + i]) for i in range(rows)]
+                m.d.sync += [out.b_scale[j].eq(windows[2 * rows + cols + j])
+                             for j in range(cols)]
+                m.d.sync += [out.a_scale_en.eq(f_a_scaled & ~q_bias),
+                             out.b_scale_en.eq(f_b_scaled & ~q_bias)]
         return m
