@@ -23,8 +23,8 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from .ecp5_pll import Ecp5Pll, pll_dividers
 from .pnr import DEVICES, Device, PnrResult, ToolError, result_from_files, tool
 
-__all__ = ["Board", "BOARDS", "ECP5_UNIT_MHZ", "board", "BoardTop", "BuildResult", "build_bitstream",
-           "toolchain_env"]
+__all__ = ["Board", "BOARDS", "ECP5_UNIT_MHZ", "board", "BoardTop", "BuildResult",
+           "build_bitstream", "toolchain_env"]
 
 
 def _icebreaker_leds(platform):
@@ -84,9 +84,9 @@ class Board:
         return 115200
 
 
-#: The ECP5 boards' default self-test clock: below the whole ``ecp5-int8`` unit's post-route
-#: Fmax on the LFE5U-85F-6 (decision F20), and the same on both boards, so their self-tests
-#: are the same design.
+#: The ECP5 boards' default self-test clock: about half the whole ``ecp5-int8`` unit's
+#: post-placement estimate on the LFE5U-85F-6 (13.18 MHz; no routed figure yet, decision
+#: F20), and the same on both boards, so their self-tests are the same design.
 ECP5_UNIT_MHZ = 6.25
 
 BOARDS = {b.name: b for b in [
