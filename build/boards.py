@@ -1,8 +1,9 @@
 """Boards the unit is built for, and the bitstream flow through amaranth-boards and YoWASP.
 
 Each :class:`Board` names an amaranth-boards platform, the FPGA as nextpnr sees it (for
-:func:`~ptocube.build.pnr.place_and_route`), the preset that fits it, and how its LEDs show
-the self-test's verdict. :func:`build_bitstream` builds any board top (normally
+:func:`~ptocube.build.pnr.place_and_route`), the preset that fits it, the self-test design it
+carries (the whole unit, or its systolic array where the unit does not fit), and how its LEDs
+show the self-test's verdict. :func:`build_bitstream` builds any board top (normally
 :class:`BoardTop` around :class:`~ptocube.build.selftest.SelfTest`) into a bitstream and
 returns the figures of the run; it sets the toolchain environment itself, so neither
 openFPGALoader nor anything on ``PATH`` is needed.
@@ -23,8 +24,13 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from .ecp5_pll import Ecp5Pll, pll_dividers
 from .pnr import DEVICES, Device, PnrResult, ToolError, result_from_files, tool
 
-__all__ = ["Board", "BOARDS", "ECP5_UNIT_MHZ", "board", "BoardTop", "BuildResult",
-           "build_bitstream", "toolchain_env"]
+__all__ = ["Board", "BOARDS", "SELFTEST_DESIGNS", "ECP5_UNIT_MHZ", "board", "BoardTop",
+           "BuildResult", "build_bitstream", "toolchain_env"]
+
+#: What a board's self-test checks: ``unit``, the whole CubeUnit
+#: (:func:`~ptocube.build.selftest.unit_selftest`), or ``array``, the preset's systolic array
+#: alone (:func:`~ptocube.build.array_selftest.array_selftest`).
+SELFTEST_DESIGNS = ("unit", "array")
 
 
 def _icebreaker_leds(platform):
@@ -53,6 +59,8 @@ class Board:
     bitstream: the file the flow writes (``top.bin`` for iCE40, ``top.bit`` for ECP5).
     unit_mhz:  the clock the self-test runs at by default: ``None`` for the board clock, else
                an ECP5 PLL output (:mod:`~ptocube.build.ecp5_pll`) the preset meets.
+    design:    the self-test it carries by default (:data:`SELFTEST_DESIGNS`); ``array``
+               where the whole unit does not fit the device (decision F21).
     """
 
     name: str
@@ -63,6 +71,16 @@ class Board:
     bitstream: str
     description: str
     unit_mhz: float | None = None
+    design: str = "unit"
+
+    def __post_init__(self):
+        if self.design not in SELFTEST_DESIGNS:
+            raise ValueError(f"{self.name}: unknown self-test design {self.design!r}")
+
+    @property
+    def unit_fits(self) -> bool:
+        """Whether the whole unit's self-test is expected to fit the device."""
+        return self.design == "unit"
 
     @property
     def clock_hz(self) -> float:
@@ -91,7 +109,8 @@ ECP5_UNIT_MHZ = 6.25
 
 BOARDS = {b.name: b for b in [
     Board("icebreaker", ICEBreakerPlatform, DEVICES["iCE40UP5K-SG48"], "ice40-tiny",
-          _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)"),
+          _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)",
+          design="array"),
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
@@ -161,18 +180,20 @@ class BuildResult:
     bitstream: Path
     figures: PnrResult
     seconds: float
+    design: str | None = None
 
     def to_json(self) -> dict:
         """A plain dictionary for ``summary.json``."""
-        return {"board": self.board, "bitstream": str(self.bitstream),
+        return {"board": self.board, "design": self.design, "bitstream": str(self.bitstream),
                 "bitstream_bytes": self.bitstream.stat().st_size, "seconds": self.seconds,
                 "timing_met": self.figures.timing_met, **self.figures.to_json()}
 
 
 def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
-                    router: str | None = None) -> BuildResult:
+                    router: str | None = None, design: str | None = None) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
-    ``top.stat.json`` (yosys cell counts) and ``summary.json``.
+    ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design``, the name of
+    what ``top`` carries, e.g. ``unit`` or ``array``).
 
     Timing is not enforced by nextpnr (``--timing-allow-fail``) so that a miss still gives a
     report; :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
@@ -203,7 +224,7 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
     figures = result_from_files(brd.device, out / "top.stat.json", out / "top.report.json",
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,
-                         round(time.monotonic() - start, 2))
+                         round(time.monotonic() - start, 2), design)
     figures.seconds = result.seconds
     (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result

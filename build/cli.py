@@ -1,7 +1,9 @@
 """``ptocube build``, ``ptocube synth`` and ``ptocube verilog``.
 
-* ``build --board NAME [--preset NAME] [--out DIR]``: the board's self-test bitstream
-  (:class:`~ptocube.build.selftest.SelfTest` of the preset's unit), reports and a summary.
+* ``build --board NAME [--preset NAME] [--design unit|array] [--force] [--out DIR]``: the
+  board's self-test bitstream (:class:`~ptocube.build.selftest.SelfTest` of the preset's unit,
+  or of its systolic array alone, :mod:`~ptocube.build.array_selftest`), reports and a
+  summary.
 * ``synth --board NAME [--preset NAME] [--design unit|systolic|decoder]``: the design alone
   (behind :class:`~ptocube.build.pnr.PinLightWrapper`) placed and routed on the board's FPGA:
   resources as a share of the device and post-route Fmax, as a table and as JSON.
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ..hdl.config import PRESETS, preset
-from .boards import BOARDS, board
+from .boards import BOARDS, SELFTEST_DESIGNS, board
 
 __all__ = ["add_build_arguments", "run_build", "add_synth_arguments", "run_synth",
            "add_verilog_arguments", "run_verilog", "design", "bench_fpga", "BENCH_CASES"]
@@ -62,27 +64,45 @@ def add_build_arguments(parser):
                         help="ECP5 boards: the self-test's clock, made by a PLL at this "
                              "frequency or just below (default: the board's, "
                              "docs/fpga.md)")
+    parser.add_argument("--design", choices=SELFTEST_DESIGNS,
+                        help="what the self-test checks: the whole unit, or the preset's "
+                             "systolic array alone (default: the board's; icebreaker: array)")
+    parser.add_argument("--force", action="store_true",
+                        help="build --design unit even where the unit does not fit the "
+                             "board's FPGA")
 
 
 def run_build(args) -> int:
-    """Build the self-test bitstream; exit status 1 if its clock was not met."""
+    """Build the self-test bitstream; exit status 1 if its clock was not met, 2 for a
+    refused request (among them the whole unit on a board it does not fit, without
+    ``--force``)."""
+    from . import array_selftest, selftest
     from .boards import BoardTop, build_bitstream
-    from .selftest import unit_selftest
     brd = board(args.board)
     name = args.preset or brd.preset
+    design_name = args.design or brd.design
+    if design_name == "unit" and not brd.unit_fits and not args.force:
+        print(f"error: the whole {name} unit does not fit the {brd.name}'s FPGA "
+              f"({brd.device}; docs/fpga.md, \"Breakdown by component\" and \"The array "
+              f"self-test\"): build --design array (the board's default), or add --force to "
+              f"run the tools anyway", file=sys.stderr)
+        return 2
     out = _out_dir(args, brd)
     unit_mhz = args.unit_mhz or brd.unit_mhz
+    make = {"unit": selftest.unit_selftest,
+            "array": array_selftest.array_selftest}[design_name]
     try:
         clk_hz = brd.unit_hz(unit_mhz)
-        top = BoardTop(brd, unit_selftest(preset(name), clk_hz=clk_hz, baud=brd.baud),
+        top = BoardTop(brd, make(preset(name), clk_hz=clk_hz, baud=brd.baud),
                        unit_mhz=unit_mhz)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    result = build_bitstream(brd, top, out, seed=args.seed, router=args.router)
-    print(f"{brd.description}, preset {name}, self-test at {clk_hz / 1e6:g} MHz: "
-          f"{result.bitstream} ({result.bitstream.stat().st_size} bytes, "
-          f"{result.seconds:.1f} s)")
+    result = build_bitstream(brd, top, out, seed=args.seed, router=args.router,
+                             design=design_name)
+    print(f"{brd.description}, preset {name}, {design_name} self-test at "
+          f"{clk_hz / 1e6:g} MHz: {result.bitstream} "
+          f"({result.bitstream.stat().st_size} bytes, {result.seconds:.1f} s)")
     print(result.figures.table())
     if not result.figures.timing_met:
         print(f"error: the {clk_hz / 1e6:g} MHz self-test clock is not met", file=sys.stderr)

@@ -28,8 +28,8 @@ from ptocube.hdl.systolic import SystolicArray
 from ptocube.model.datatype import DataType, MX_SCALED_TYPES, NumClass
 from ptocube.model.numeric import MX_BLOCK, decode, f32_to_bits, matmul_float, matmul_int
 
-__all__ = ["MatmulJob", "RunStats", "pack_layout", "run_matmuls", "predict_cycles",
-           "bench_systolic"]
+__all__ = ["MatmulJob", "RunStats", "Schedule", "pack_layout", "run_matmuls",
+           "predict_cycles", "bench_systolic"]
 
 
 def pack_layout(shape, value) -> int:
@@ -123,16 +123,22 @@ class RunStats:
         return self.cycles / self.cpu_s
 
 
-class _Schedule:
-    """Beats, fill rows and the drain-row map of a list of jobs on one array."""
+class Schedule:
+    """Beats, fill rows and the drain-row map of a list of jobs on one array.
+
+    ``beats``: the feed payloads in order, ``group_beats[g]`` of them for group g (the
+    flush group last); ``fills``: the fill payloads, R x L per exchange, the exchange after
+    reset first; ``groups[g]``: the (job index, block row, block column) of each used slot
+    of group g; ``drain_rows``: how many rows are drained (R x L per group but the flush).
+    """
 
     def __init__(self, array: SystolicArray, jobs: list[MatmulJob]):
         self.array = array
+        self.jobs = jobs
         rows, cols, slots = array.rows, array.cols, array.slots
         feed_shape = array.feed.payload.shape()
         fill_shape = array.fill.payload.shape()
-        self.beats, self.fills = [], []
-        # Per group: the (job index, block row, block column) of each used slot.
+        self.beats, self.fills, self.group_beats = [], [], []
         self.groups = []
         for index, job in enumerate(jobs):
             m, n, k = job.shape
@@ -142,14 +148,32 @@ class _Schedule:
                 group = tiles[start:start + slots]
                 self.groups.append(group)
                 self._group_fills(jobs, group, fill_shape)
+                before = len(self.beats)
                 self._group_beats(jobs, group, feed_shape)
+                self.group_beats.append(len(self.beats) - before)
         # The flush group: null first beats push the last results out.
         self.groups.append([])
         self.beats.extend(pack_layout(feed_shape, {"slot": s, "first": 1, "null": 1})
                           for s in range(slots))
+        self.group_beats.append(slots)
         # Initial values of the flush group and of the (absent) group after it.
         self.fills.extend([0] * (2 * rows * slots))
         self.drain_rows = (len(self.groups) - 1) * rows * slots
+
+    def drain_target(self, index: int) -> tuple[int, int, int, int] | None:
+        """Where drain row ``index`` (from 0, in drain order) belongs: (job index, output
+        row, first output column, columns), or None for a row of padding or an unused
+        slot.  The row's (array row, slot) tag is ``divmod(index % (R x L), L)``."""
+        rows, cols, slots = self.array.rows, self.array.cols, self.array.slots
+        row, slot = divmod(index % (rows * slots), slots)
+        group = self.groups[index // (rows * slots)]
+        if slot >= len(group):
+            return None
+        job, bm, bn = group[slot]
+        m, n, _ = self.jobs[job].shape
+        if bm * rows + row >= m:
+            return None
+        return job, bm * rows + row, bn * cols, min(cols, n - bn * cols)
 
     def _group_fills(self, jobs, group, fill_shape):
         rows, cols, slots = self.array.rows, self.array.cols, self.array.slots
@@ -227,7 +251,7 @@ def run_matmuls(array: SystolicArray, jobs: list[MatmulJob], *, feed_gap: float 
     (uint32 [M, N]) and the :class:`RunStats`.  Raises ``RuntimeError`` if the
     run does not finish within ``max_cycles`` (default: generous).
     """
-    schedule = _Schedule(array, jobs)
+    schedule = Schedule(array, jobs)
     results = [np.zeros(job.shape[:2], dtype=np.uint32) for job in jobs]
     written = [np.zeros(job.shape[:2], dtype=bool) for job in jobs]
     rows, cols, slots = array.rows, array.cols, array.slots
@@ -274,15 +298,12 @@ def run_matmuls(array: SystolicArray, jobs: list[MatmulJob], *, feed_gap: float 
                 if (row, slot) != expected:
                     raise AssertionError(f"drain row {drain_i} tagged (row {row}, slot "
                                          f"{slot}), expected {expected}")
-                group = schedule.groups[drain_i // (rows * slots)]
-                if slot < len(group):
-                    index, bm, bn = group[slot]
-                    m, n, _ = jobs[index].shape
-                    if bm * rows + row < m:
-                        width = min(cols, n - bn * cols)
-                        where = (bm * rows + row, slice(bn * cols, bn * cols + width))
-                        results[index][where] = values[:width]
-                        written[index][where] = True
+                target = schedule.drain_target(drain_i)
+                if target is not None:
+                    index, out_row, col, width = target
+                    where = (out_row, slice(col, col + width))
+                    results[index][where] = values[:width]
+                    written[index][where] = True
                 drain_i += 1
             await ctx.tick()
         raise RuntimeError(f"the array did not finish within {max_cycles} cycles "

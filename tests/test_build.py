@@ -12,7 +12,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ptocube.build import cli, selftest
+from ptocube.build import boards, cli, selftest
 from ptocube.build.boards import BOARDS, BoardTop, board
 from ptocube.build.ecp5_pll import pll_dividers
 from ptocube.build.selftest import STATUS_MASK, SelfTest
@@ -111,21 +111,54 @@ def test_verilog_file_input(tmp_path):
                                   pytest.param("ecpix5-85", marks=pytest.mark.slow)])
 def test_selftest_board_flow(name, tmp_path, capsys, monkeypatch):
     # `ptocube build`: the board top, SelfTest, its player and UART through the whole bitstream
-    # flow, with the GPR-file stand-in unit (the real unit's builds are the slow tests below).
-    def stand_in(config, *, clk_hz, baud):
-        return SelfTest(GprUnit(), gpr_program(), clk_hz=clk_hz, baud=baud,
-                        status_mask=STATUS_MASK)
-    monkeypatch.setattr(selftest, "unit_selftest", stand_in)
+    # flow. The iCEBreaker builds its own design, the array self-test of ice40-tiny (F21), from
+    # scratch; the ECP5 boards, whose design is the whole unit, build it around the GPR-file
+    # stand-in unit (the real unit's builds are the slow tests below).
     brd = board(name)
+    if brd.design == "unit":
+        def stand_in(config, *, clk_hz, baud):
+            return SelfTest(GprUnit(), gpr_program(), clk_hz=clk_hz, baud=baud,
+                            status_mask=STATUS_MASK)
+        monkeypatch.setattr(selftest, "unit_selftest", stand_in)
     assert _cli("build", "--board", name, "--out", str(tmp_path)) == 0
-    assert f"{tmp_path / brd.bitstream}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{tmp_path / brd.bitstream}" in out and f"{brd.design} self-test" in out
     assert (tmp_path / brd.bitstream).stat().st_size > 100_000
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["board"] == name and summary["timing_met"]
+    assert summary["board"] == name and summary["design"] == brd.design
+    assert summary["timing_met"]
     (achieved, constraint), = [(v["achieved_mhz"], v["constraint_mhz"])
                                for v in summary["fmax"].values()]
     # The ECP5 boards run the self-test from a PLL: nextpnr derives its output's constraint.
     assert constraint == pytest.approx(brd.unit_hz() / 1e6, rel=1e-4) and achieved >= constraint
+    if name == "icebreaker":
+        # The real systolic array: its four SB_MAC16 and the 12 MHz board clock.
+        assert brd.design == "array" and summary["dsp"] == 4
+
+
+def test_cli_build_design_choice(monkeypatch, capsys):
+    # The whole unit does not fit the UP5K: refused before any elaboration or tool run.
+    def no_build(*args, **kwargs):
+        raise AssertionError("the flow ran")
+    monkeypatch.setattr(boards, "build_bitstream", no_build)
+    monkeypatch.setattr(selftest, "unit_selftest", no_build)
+    assert _cli("build", "--board", "icebreaker", "--design", "unit") == 2
+    error = capsys.readouterr().err
+    assert "does not fit" in error and "docs/fpga.md" in error and "--force" in error
+    # --force goes on to the unit's self-test (stopped here, before its elaboration).
+    class Asked(Exception):
+        pass
+
+    def asked(config, **kwargs):
+        raise Asked(config)
+    monkeypatch.setattr(selftest, "unit_selftest", asked)
+    with pytest.raises(Asked):
+        _cli("build", "--board", "icebreaker", "--design", "unit", "--force")
+    parser = argparse.ArgumentParser()
+    cli.add_build_arguments(parser)
+    args = parser.parse_args(["--board", "icebreaker", "--force"])
+    assert args.force and args.design is None          # the board's design: the array
+    assert [b.design for b in BOARDS.values()] == ["array", "unit", "unit"]
 
 
 @pytest.mark.parametrize("in_mhz", [12, 25, 48, 100])
@@ -180,9 +213,10 @@ def test_boards_known():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(BOARDS))
+@pytest.mark.parametrize("name", sorted(n for n, b in BOARDS.items() if b.unit_fits))
 def test_cli_build_unit_selftest(name, tmp_path, capsys):
     # The board's default preset: the whole unit's self-test bitstream, meeting the board clock.
+    # (The iCEBreaker's default is the array self-test, test_selftest_board_flow above.)
     assert _cli("build", "--board", name, "--out", str(tmp_path), "--router", "router2"
                 if board(name).device.family == "ecp5" else "router1") == 0
     assert (tmp_path / board(name).bitstream).stat().st_size > 100_000
