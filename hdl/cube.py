@@ -186,8 +186,7 @@ class CubeEngine(wiring.Component):
             with m.State("DESC"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(role == len(_ROLES)):
-                    m.d.comb += run_start.eq(1)
-                    m.next = "RUN"
+                    m.next = "SETTLE"
                 with m.Elif(~present):
                     m.d.sync += role.eq(role + 1)
                 with m.Else():
@@ -203,6 +202,10 @@ class CubeEngine(wiring.Component):
                                          log2ps[index].eq(rsp_log2p)]
                     m.d.sync += role.eq(role + 1)
                     m.next = "DESC"
+            with m.State("SETTLE"):
+                # The run context register now holds this PE's descriptors.
+                m.d.comb += [self.busy.eq(1), run_start.eq(1)]
+                m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(feed.done & panels.done & fill.done & result.done & reads.idle
@@ -220,43 +223,46 @@ class CubeEngine(wiring.Component):
         # ------------------------------------------------------------------
         # The run context of the current PE
         # ------------------------------------------------------------------
-        run = Signal(RunLayout(cfg))
+        # Registered (decision C19): every unit of the run sees it straight from flip-flops,
+        # not through the type decoders, the descriptor muxes and the K-repeat adder.
+        ctx, run = Signal(RunLayout(cfg)), Signal(RunLayout(cfg))
+        m.d.sync += run.eq(ctx)
         form = plan.op[0:2]
         is_float = plan.acc_type == int(DataType.FP32)
         b_log2w = log2_bits(m, plan.b_type, "b_log2w")
         cr_log2 = (7 - b_log2w)[:3]
         geometry = plan.d_geometry[pe]
         m.d.comb += [
-            run.space.as_value().eq(pe), run.m.eq(plan.m), run.n.eq(plan.n), run.k.eq(plan.k),
-            run.a_type.eq(plan.a_type), run.b_type.eq(plan.b_type),
-            run.acc_type.eq(plan.acc_type),
-            run.a_log2w.eq(log2_bits(m, plan.a_type, "a_log2w")), run.b_log2w.eq(b_log2w),
-            run.d_log2w.eq(log2_bits(m, plan.d_type, "d_log2w")),
-            run.b_k_repeat.eq((plan.k + (1 << cr_log2) - 1) >> cr_log2),
-            run.m32.eq(geometry.layout == Layout.CUBE_M32.value),
-            run.a_shared.eq(plan.operands[OperandRole.A.value].shared),
-            run.b_shared.eq(plan.operands[OperandRole.B.value].shared),
-            run.trans_a.eq(plan.trans_a), run.trans_b.eq(plan.trans_b),
-            run.a_scaled.eq(plan.a_scaled), run.b_scaled.eq(plan.b_scaled),
-            run.acc.eq(form == 2), run.int_bias.eq((form == 1) & ~is_float),
-            run.float_bias.eq((form == 1) & is_float),
-            run.d_cells.eq(geometry.cells),
+            ctx.space.as_value().eq(pe), ctx.m.eq(plan.m), ctx.n.eq(plan.n), ctx.k.eq(plan.k),
+            ctx.a_type.eq(plan.a_type), ctx.b_type.eq(plan.b_type),
+            ctx.acc_type.eq(plan.acc_type),
+            ctx.a_log2w.eq(log2_bits(m, plan.a_type, "a_log2w")), ctx.b_log2w.eq(b_log2w),
+            ctx.d_log2w.eq(log2_bits(m, plan.d_type, "d_log2w")),
+            ctx.b_k_repeat.eq((plan.k + (1 << cr_log2) - 1) >> cr_log2),
+            ctx.m32.eq(geometry.layout == Layout.CUBE_M32.value),
+            ctx.a_shared.eq(plan.operands[OperandRole.A.value].shared),
+            ctx.b_shared.eq(plan.operands[OperandRole.B.value].shared),
+            ctx.trans_a.eq(plan.trans_a), ctx.trans_b.eq(plan.trans_b),
+            ctx.a_scaled.eq(plan.a_scaled), ctx.b_scaled.eq(plan.b_scaled),
+            ctx.acc.eq(form == 2), ctx.int_bias.eq((form == 1) & ~is_float),
+            ctx.float_bias.eq((form == 1) & is_float),
+            ctx.d_cells.eq(geometry.cells),
         ]
         for index, (r, name) in enumerate(zip(_ROLES, ("c", "a", "a_scale", "b", "b_scale",
                                                        "bias", "rowmax_in", "quant",
                                                        "alpha"))):
-            info = getattr(run, name)
+            info = getattr(ctx, name)
             m.d.comb += [info.space.as_value().eq(Mux(plan.operands[r.value].shared,
                                                      MemSpace.SHARED.value, pe)),
                          info.base.eq(bases[index]), info.log2p.eq(log2ps[index])]
         outputs = self.out_base[pe]
         group_entry = 1 + plan.row_max
         m.d.comb += [
-            run.d.space.as_value().eq(pe), run.d.base.eq(outputs[0]),
-            run.row_max.space.as_value().eq(pe), run.row_max.base.eq(outputs[1]),
-            run.row_max.log2p.eq(log2_of_power(m, plan.outputs[1].phys_cols, "rm_log2p")),
-            run.group_max.space.as_value().eq(pe), run.group_max.base.eq(outputs[group_entry]),
-            run.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
+            ctx.d.space.as_value().eq(pe), ctx.d.base.eq(outputs[0]),
+            ctx.row_max.space.as_value().eq(pe), ctx.row_max.base.eq(outputs[1]),
+            ctx.row_max.log2p.eq(log2_of_power(m, plan.outputs[1].phys_cols, "rm_log2p")),
+            ctx.group_max.space.as_value().eq(pe), ctx.group_max.base.eq(outputs[group_entry]),
+            ctx.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
                                                  "gm_log2p")),
         ]
         m.d.comb += buffered.eq(panel_feed_usable(run))
