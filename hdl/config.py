@@ -24,6 +24,11 @@ class CubeConfig:
     int_product_register: integer-only builds: register the product between the DSP
                        multiplier and the accumulator; the accumulation loop stays one
                        cycle (L = 1), results reach the chain registers a cycle later.
+    dsp_primitives:    None: the PE multiplier is Amaranth's ``*`` (simulation, iCE40, any
+                       tool).  "ecp5": with int_product_register, an explicit MULT18X18D whose
+                       own input and output registers are the operand and product registers
+                       (yosys' synth_ecp5 does not pack registers into it); same latency, but
+                       Amaranth's simulator cannot run it (docs/hdl-systolic.md, section 8).
     tile_bytes_per_pe: payload memory of the Local tile store for each of the four PEs.
     shared_bytes:      payload memory of the Shared tiles S0..S255 (all of them together).
     max_local_sources, max_destinations, max_shared, max_iot_words:
@@ -37,6 +42,7 @@ class CubeConfig:
     mx_types: bool = True
     fma_stages: int = 3
     int_product_register: bool = False
+    dsp_primitives: str | None = None
     tile_bytes_per_pe: int = 64 * 1024
     shared_bytes: int = 64 * 1024
     max_local_sources: int = 8

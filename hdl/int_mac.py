@@ -1,12 +1,12 @@
 """Integer multiply-accumulate: ``acc_out = (acc_in + a*b) mod 2**32`` (ruling R2)."""
 
-from amaranth.hdl import Module, signed
+from amaranth.hdl import ClockSignal, Const, Instance, Module, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .numeric_types import NumericConfig, pipeline_boundary
+from .numeric_types import NumericConfig
 
-__all__ = ["IntMac"]
+__all__ = ["IntMac", "Ecp5Multiplier"]
 
 
 class IntMac(wiring.Component):
@@ -25,6 +25,11 @@ class IntMac(wiring.Component):
         2 registered product as well.  ``config.int_product_register`` registers the
         product ahead of that (``input_lag`` = 1): ``acc_in`` then joins the product of
         the ``a``, ``b`` of one cycle earlier, and the accumulation loop is no longer.
+        With ``config.dsp_primitives == "ecp5"`` the product comes from an
+        :class:`Ecp5Multiplier` that registers its operands and its product
+        (``input_lag`` = 2): the caller hands over the operands a cycle before it
+        would register them itself, so the registers around the multiplier are the
+        DSP's own and the multiplier's delay stays inside the DSP block.
 
     Members
     -------
@@ -55,14 +60,79 @@ class IntMac(wiring.Component):
     @property
     def input_lag(self) -> int:
         """Cycles by which ``acc_in`` follows the ``a``, ``b`` it is added to."""
+        if self.config.dsp_primitives == "ecp5":
+            return Ecp5Multiplier.latency
         return int(self.config.int_product_register)
 
     def elaborate(self, platform):
         m = Module()
         stages = self.latency
-        product = pipeline_boundary(m, self.input_lag == 1, "dsp", product=self.a * self.b)
-        s1 = pipeline_boundary(m, stages >= 2, "mul", product=product["product"],
-                               acc=self.acc_in)
-        s2 = pipeline_boundary(m, stages >= 1, "out", acc_out=(s1["acc"] + s1["product"])[:32])
-        m.d.comb += self.acc_out.eq(s2["acc_out"])
+        # Only the low 32 bits of the product reach the wrapped sum.
+        if self.config.dsp_primitives == "ecp5":
+            mult = m.submodules.dsp = Ecp5Multiplier()
+            m.d.comb += [mult.a.eq(self.a), mult.b.eq(self.b)]
+            product = mult.p[:32]
+        else:
+            product = _stage(m, self.input_lag == 1, "dsp", (self.a * self.b)[:32])
+        s1_product = _stage(m, stages >= 2, "mul_product", product)
+        s1_acc = _stage(m, stages >= 2, "mul_acc", self.acc_in)
+        s2 = _stage(m, stages >= 1, "out_acc_out", (s1_acc + s1_product)[:32])
+        m.d.comb += self.acc_out.eq(s2)
+        return m
+
+
+def _stage(m: Module, registered: bool, name: str, value):
+    """``value`` through a register without reset if ``registered``, else a wire: the MAC's
+    registers hold data only (a sum after reset is never a result, see ``pe.py``)."""
+    sig = Signal(Value.cast(value).shape(), name=name, reset_less=registered)
+    if registered:
+        m.d.sync += sig.eq(value)
+    else:
+        m.d.comb += sig.eq(value)
+    return sig
+
+
+class Ecp5Multiplier(wiring.Component):
+    """The ECP5's MULT18X18D with its input and output registers: ``p = a * b``,
+    :attr:`latency` = 2 cycles after ``a``, ``b``.
+
+    Signed 18 x 18 -> 36 bits.  REG_INPUTA/B and REG_OUTPUT are clocked from CLK0
+    (the ``sync`` domain's clock) with CE0 = 1 and RST0 = 0; the pipeline register
+    is bypassed.  Those registers have no reset beyond the configuration's GSR, like
+    the fabric registers they replace.  yosys keeps the instance as the cell it
+    names and nextpnr times it with its registered model (REGS_ALL), so the
+    multiplier's 3.9 ns are inside the block and only routing meets its pins.
+
+    Amaranth's simulator cannot run an ``Instance``: simulations build the same
+    design with ``dsp_primitives=None`` (``tests/test_hdl_systolic.py`` checks this
+    one against a behavioural model of the registered form).
+
+    Members
+    -------
+    a, b : In(signed(18))
+    p : Out(signed(36))
+    """
+
+    latency = 2
+
+    a: In(signed(18))
+    b: In(signed(18))
+    p: Out(signed(36))
+
+    def elaborate(self, platform):
+        m = Module()
+        ports = {}
+        for k in range(18):
+            ports[f"i_A{k}"] = self.a[k]
+            ports[f"i_B{k}"] = self.b[k]
+        for k in range(36):
+            ports[f"o_P{k}"] = self.p[k]
+        m.submodules.mult = Instance(
+            "MULT18X18D",
+            p_REG_INPUTA_CLK="CLK0", p_REG_INPUTB_CLK="CLK0", p_REG_OUTPUT_CLK="CLK0",
+            p_REG_INPUTA_CE="CE0", p_REG_INPUTB_CE="CE0", p_REG_OUTPUT_CE="CE0",
+            p_REG_INPUTA_RST="RST0", p_REG_INPUTB_RST="RST0", p_REG_OUTPUT_RST="RST0",
+            i_CLK0=ClockSignal(), i_CE0=Const(1), i_RST0=Const(0),
+            i_SIGNEDA=Const(1), i_SIGNEDB=Const(1),
+            **ports)
         return m

@@ -171,6 +171,9 @@ class NumericConfig:
     ``int_product_register``: IntMac registers its product before the accumulator
     (the multiplier's pipeline register) without lengthening the accumulation
     loop; integer-only builds.
+    ``dsp_primitives``: ``None`` (the multiplier is ``*``) or ``"ecp5"`` (with
+    ``int_product_register``: an explicit MULT18X18D with its input and output
+    registers, see :class:`~ptocube.hdl.int_mac.IntMac`).
     """
 
     input_types: frozenset = field(default=MATRIX_INPUT_TYPES)
@@ -178,6 +181,7 @@ class NumericConfig:
     fma_stages: int = 3
     int_mac_stages: int = 1
     int_product_register: bool = False
+    dsp_primitives: str | None = None
 
     def __post_init__(self):
         types = frozenset(DataType(t) for t in self.input_types)
@@ -195,6 +199,12 @@ class NumericConfig:
         if self.int_product_register and self.has_float:
             # A float build pads the integer MAC to the FMA's length instead.
             raise ValueError("int_product_register is for integer-only builds")
+        if self.dsp_primitives not in (None, "ecp5"):
+            raise ValueError(f"dsp_primitives must be None or 'ecp5', not "
+                             f"{self.dsp_primitives!r}")
+        if self.dsp_primitives is not None and not self.int_product_register:
+            # The primitive's registers are the operand and product registers.
+            raise ValueError("dsp_primitives needs int_product_register")
 
     @classmethod
     def from_cube_config(cls, cube) -> "NumericConfig":
@@ -209,7 +219,8 @@ class NumericConfig:
         if cube.int_types:
             types |= {t for t in MATRIX_INPUT_TYPES if t.num_class is not NumClass.FLOAT}
         return cls(input_types=types, mx_scales=cube.mx_types, fma_stages=cube.fma_stages,
-                   int_product_register=cube.int_product_register)
+                   int_product_register=cube.int_product_register,
+                   dsp_primitives=cube.dsp_primitives)
 
     @property
     def float_types(self) -> frozenset:

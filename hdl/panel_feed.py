@@ -30,8 +30,13 @@ cover:
   panels hold their first ``a_cols`` words.
 
 So every group streams behind exactly the reads it needs, and the later groups run from the
-buffers at one beat per cycle.  Beats leave through a one-stage pipeline whose register
-matches the buffers' synchronous read ports (block RAM).  ``docs/hdl-cube.md`` section 3
+buffers at one beat per cycle.
+
+Every decision is made from registers (decision C20 in ``docs/decisions/hdl-cube.md``):
+per-run facts are registered from the run context, the fill's choice after a word column
+is registered while the column is read, reads leave from a request register, and beats
+pass a position register (with "operands present" registered), the buffers' synchronous
+read ports (block RAM) and a register of the words read.  ``docs/hdl-cube.md`` section 3
 gives the figures.
 """
 
@@ -127,37 +132,64 @@ class PanelFeed(FeedComponent):
         b_wr, b_rd = b_mem.write_port(granularity=64), b_mem.read_port()
         a_aw, b_aw = len(a_rd.addr), len(b_rd.addr)
 
+        # Per-run facts (decision C20): registers loaded every cycle from the run context,
+        # each one level of logic from it.  The context holds still from ``start`` to
+        # ``done``, so they are valid from the cycle after ``start``, before the fill or
+        # the beats use them.
+        def fact(name, value, width=16):
+            sig = Signal(width, name=name)
+            m.d.sync += sig.eq(value)
+            return sig
+
         # Words per A row / B column: K elements of 2**log2w bits, 64 bits per word.
-        a_shift = (6 - run.a_log2w)[:3]
-        b_shift = (6 - run.b_log2w)[:3]
-        wpr, wpc = Signal(16), Signal(16)
-        a_cells32 = Signal(16)             # CUBE_M32 CELLs along K
-        m.d.comb += [wpr.eq(_ceil_words(run.k, a_shift)), wpc.eq(_ceil_words(run.k, b_shift)),
-                     a_cells32.eq(_ceil_words(run.k, (5 - run.a_log2w)[:3]))]
+        a_sh, b_sh = (6 - run.a_log2w)[:3], (6 - run.b_log2w)[:3]
+        a_mask = fact("a_mask", ((Const(1, 1) << a_sh) - 1)[:6], 6)
+        b_mask = fact("b_mask", ((Const(1, 1) << b_sh) - 1)[:6], 6)
+        a_epw = fact("a_epw", Const(1, 1) << a_sh, 7)       # elements per word
+        b_epw = fact("b_epw", Const(1, 1) << b_sh, 7)
+        wpr = fact("wpr", _ceil_words(run.k, a_sh))
+        wpc = fact("wpc", _ceil_words(run.k, b_sh))
+        wpr_m1 = fact("wpr_m1", (run.k - 1) >> a_sh)
+        wpc_m1 = fact("wpc_m1", (run.k - 1) >> b_sh)
+        # CUBE_M32: an entry holds CELLs 2e and 2e + 1; word e has a second CELL when
+        # 2e + 1 < (CELLs along K), i.e. e < half of them.
+        a_half = fact("a_half", _ceil_words(run.k, (5 - run.a_log2w)[:3]) >> 1)
+        # Block columns outer (decision C14): A entry p + e * P (P block rows): a phase's
+        # panels' word e are neighbours, and the beats' e * P is one running sum (C12).
+        run_col_outer = column_outer(cols, run.m, run.n)
+        col_outer = fact("col_outer", run_col_outer, 1)
+        a_stride = fact("a_stride", Mux(run_col_outer, 1, _ceil_words(run.k, a_sh)))
+        panels = Signal(6)                  # P: block rows
+        with m.Switch(run.m):
+            for rows_m in range(1, 33):
+                with m.Case(rows_m):
+                    m.d.sync += panels.eq(_ceil_div(rows_m, rows))
+            with m.Default():
+                m.d.sync += panels.eq(0)
+        m_dim, n_dim = fact("m_dim", run.m), fact("n_dim", run.n)
+        m_m1, n_m1 = fact("m_m1", run.m - 1), fact("n_m1", run.n - 1)
+        k_m1, k_is1 = fact("k_m1", run.k - 1), fact("k_is1", run.k == 1, 1)
+        # x + d < y as x < y - d, with y - d clamped at 0.
+        m_less_rows = fact("m_less_rows", Mux(run.m > rows, run.m - rows, 0))
+        m_less_phase = fact("m_less_phase", Mux(run.m > rows * slots, run.m - rows * slots, 0))
+        n_less_cols = fact("n_less_cols", Mux(run.n > cols, run.n - cols, 0))
+        a_swap = fact("a_swap", ~run.m32 & (run.a_log2w == 2), 1)
 
         # Entries of each buffer written so far, in fill (= address) order.
         a_complete = Signal(a_aw + 1)
         b_complete = Signal(b_aw + 1)
 
-        # Block columns outer (decision C14): A entry p + e * P (P block rows): a phase's
-        # panels' word e are neighbours, and the beats' e * P is one running sum (C12).
-        col_outer = Signal()
-        panels = Signal(range(33))
-        m.d.comb += col_outer.eq(column_outer(cols, run.m, run.n))
-        with m.Switch(run.m):
-            for rows_m in range(1, 33):
-                with m.Case(rows_m):
-                    m.d.comb += panels.eq(_ceil_div(rows_m, rows))
-
         # ------------------------------------------------------------------
         # Fill: blocks row-major; A panel at each block row's start, B panels in row 0
         # ------------------------------------------------------------------
         f_restart, f_step = Signal(), Signal()
-        (f_block,), f_walk_done = block_walker(m, "pfill", rows, cols, 1, run.m, run.n,
+        (f_block,), f_walk_done = block_walker(m, "pfill", rows, cols, 1, m_dim, n_dim,
                                                f_restart, f_step, strides=(wpr, wpc))
         f_row0, f_col0, _, _, f_bbase = f_block
         fea, feb = Signal(16), Signal(16)           # next word along K of A / of B
+        fka, fkb = Signal(18), Signal(18)           # the same in k: fea << a_shift, ...
         a_row0 = Signal(16)                         # first row of the A panel being filled
+        row = Signal(16)                            # a_row0 + fi: the row being read
         fa_entry = Signal(16)                       # row-major: next A entry (entry order)
         # Block columns outer: A is filled in phases of L block rows (the first column's
         # groups), each word column by word column across its panels.
@@ -169,7 +201,12 @@ class PanelFeed(FeedComponent):
         # index in the walk (q x P) and the blocks of the groups the A phases cover so far
         # (the B panels those groups need are filled with the phase).
         b_col0, b_ebase, b_qblk, ph_end = Signal(16), Signal(16), Signal(16), Signal(16)
+        b_qnext, ph_end2 = Signal(16), Signal(16)   # b_qblk + P, ph_end + L
         b_done_col = Signal(16)                     # columns below are in the B buffer
+        col = Signal(16)                            # b_col0 + fi: the column being read
+        # CELLs before the CUBE_N8 column of b_col0 / of col: (c // 8) x K_repeat, stepped
+        # with the column instead of multiplied per read.
+        b_cells0, b_cells = Signal(16), Signal(16)
         a_left, b_left = Signal(), Signal()         # the block still fills A / B
         fi = Signal(range(max(rows, cols) + 2))
         fh = Signal()
@@ -178,78 +215,156 @@ class PanelFeed(FeedComponent):
 
         dest_bank_bits = max(1, (max(rows, cols) - 1).bit_length())
         # Destination of each outstanding read: buffer, lane, CUBE_M32 row parity / upper
-        # row / CELL half, entry, and whether it completes its entry.
+        # row / CELL half, entry, whether it completes its entry, and whether it ends a word
+        # column / a phase of column-outer A.
         dest_fields = [("is_b", 1), ("bank", dest_bank_bits), ("odd", 1), ("upper", 1),
-                       ("half", 1), ("entry", max(a_aw, b_aw)), ("last", 1)]
+                       ("half", 1), ("entry", max(a_aw, b_aw)), ("last", 1),
+                       ("col_end", 1), ("phase_end", 1)]
 
-        row = (a_row0 + fi)[:16]
-        col = (b_col0 + fi)[:16]
+        # Compares of these registers with per-run facts, registered with them (C20).
+        row_last = Signal()         # row is a panel's last: row (| 1 for CUBE_M32) >= M - 1
+        col_last = Signal()         # col >= N - 1
+        fea_halved = Signal()       # fea < a_half
+        more_rows = Signal()        # a_row0 + R < M
+
+        def set_row(v):
+            return [row.eq(v), row_last.eq(Mux(run.m32, (v | 1) >= m_m1, v >= m_m1))]
+
+        def set_col(v):
+            return [col.eq(v), col_last.eq(v >= n_m1)]
+
+        fea_last, feb_last = Signal(), Signal()      # fea = wpr - 1, feb = wpc - 1
+        fka_ahead, fkb_ahead = Signal(18), Signal(18)  # fka + a_epw, fkb + b_epw
+        phase_more = Signal()       # column-outer and phase_row0 + R x L < M
+        b_more, b_in = Signal(), Signal()           # b_col0 + C < N, b_col0 < N
+
+        fi_1r, fi_2r, fi_1c = Signal(), Signal(), Signal()  # fi + 1 >= R, fi + 2 >= R, fi + 1 >= C
+
+        def set_fi(v):
+            return [fi.eq(v), fi_1r.eq(v + 1 >= rows), fi_2r.eq(v + 2 >= rows),
+                    fi_1c.eq(v + 1 >= cols)]
+
+        def set_fea(v):
+            return [fea.eq(v), fea_halved.eq(v < a_half), fea_last.eq(v == wpr_m1)]
+
+        def set_feb(v):
+            return [feb.eq(v), feb_last.eq(v == wpc_m1)]
+
+        def set_fka(v):
+            return [fka.eq(v), fka_ahead.eq(v + a_epw)]
+
+        def set_fkb(v):
+            return [fkb.eq(v), fkb_ahead.eq(v + b_epw)]
+
+        def set_phase_row0(v):
+            return [phase_row0.eq(v), phase_more.eq(col_outer & (v < m_less_phase))]
+
+        def set_b_col0(v):
+            return [b_col0.eq(v), b_more.eq(v < n_less_cols), b_in.eq(v < n_dim)]
+
+        def set_a_row0(v):
+            return [a_row0.eq(v), more_rows.eq(v < m_less_rows)]
+
         # CUBE_M32: one store word holds rows 2p and 2p + 1 of one CELL; an odd row starts a
         # panel only when R is odd, and then only its upper half is this panel's.
         a_next_i = Mux(run.m32, fi + 2 - row[0], fi + 1)
-        rows_end = (a_next_i >= rows) | (a_row0 + a_next_i >= run.m)
-        second_half = run.m32 & (fh == 0) & ((fea << 1) + 1 < a_cells32)
+        # a_row0 + a_next_i >= M, with row = a_row0 + fi.
+        rows_end = Mux(run.m32 & ~row[0], fi_2r, fi_1r) | row_last
+        second_half = run.m32 & ~fh & fea_halved
         a_last = rows_end & ~second_half
-        more_panels = col_outer & (a_row0 + rows < run.m) & (fpp != slots - 1)
-        phase_more = col_outer & (phase_row0 + rows * slots < run.m)
-        a_upper = (fi + 1 - row[0] < rows) & ((row | 1) < run.m)
-        a_cell = Mux(run.m32, (fea << 1) | fh, fea)
-        a_addr = ((run.a.base << 4) + (a_cell << 4) + Mux(run.m32, row >> 1, row))
-        cols_end = (fi + 1 >= cols) | (col + 1 >= run.n)
-        b_cell = n8_column_cells(run.b_k_repeat, col) + (feb >> 1)
-        b_addr = (run.b.base << 4) + (b_cell << 4) + (col[:3] << 1) + feb[0]
+        more_panels = col_outer & more_rows & (fpp != slots - 1)
+        a_upper = (fi + 1 - row[0] < rows) & ((row | 1) < m_dim)
+        a_cell = Mux(run.m32, Cat(fh, fea), fea)
+        a_addr = (run.a.base << 4) + (a_cell << 4) + Mux(run.m32, row >> 1, row)
+        cols_end = fi_1c | col_last
+        b_cells_next = b_cells + Mux(col[:3] == 7, run.b_k_repeat, 0)
+        b_addr = Cat(feb[0], col[:3], run.b.base + b_cells + (feb >> 1))
+
+        # The fill's next-state decision after a word column (decision C20): a function of
+        # registers that change only at a word column's end, so it is registered every
+        # cycle and valid (``fresh``) from the second cycle of each word column.  A word
+        # column of one read waits a cycle for it.
+        ea_last, eb_last = fea_last, feb_last
+        next_phase = ~f_is_b & ea_last & phase_more
+        next_fea = Mux(next_phase, 0, fea + ~f_is_b)
+        next_fka = Mux(next_phase, 0, Mux(f_is_b, fka, fka_ahead))
+        b_panel_end = f_is_b & eb_last
+        next_feb = Mux(b_panel_end, 0, feb + f_is_b)
+        next_fkb = Mux(b_panel_end, 0, Mux(f_is_b, fkb_ahead, fkb))
+        next_a_left = a_left & ~(~f_is_b & ea_last & ~phase_more)
+        b_pending = col_outer & b_more & (b_qnext < ph_end)
+        b_phase = col_outer & b_in & (b_qblk < ph_end2)
+        next_b_left = Mux(b_panel_end, b_pending, b_left | (next_phase & b_phase))
+        # After a word column of one operand, the next read goes to the operand whose words
+        # cover fewer k so far: a block that starts both an A and a B panel (block (0, 0))
+        # gets them in the order its beats consume them.  The k compare of the next words,
+        # case by case (next_phase masks it, and only A's or only B's count moves):
+        # A read: fka + a_epw <= fkb; B read: fka <= fkb + b_epw, or fka <= 0 after B's
+        # last word.
+        a_not_ahead = Mux(f_is_b, Mux(eb_last, fka == 0, fka <= fkb_ahead), fka_ahead <= fkb)
+        pick_a = next_a_left & (~next_b_left | (~next_phase & a_not_ahead))
+        decision = {"ea_last": ea_last, "next_phase": next_phase, "next_fea": next_fea,
+                    "next_fka": next_fka, "b_panel_end": b_panel_end, "next_feb": next_feb,
+                    "next_fkb": next_fkb, "next_a_left": next_a_left,
+                    "next_b_left": next_b_left, "pick_a": pick_a}
+        d = {}
+        for name, value in decision.items():
+            d[name] = Signal(len(Value.cast(value)), name=f"d_{name}")
+            m.d.sync += d[name].eq(value)
+        fresh = Signal()
 
         a_col_end = ~f_is_b & a_last & ~more_panels         # A word column of the phase
-        a_phase_end = a_col_end & (fea + 1 == wpr)
-        dest_fields += [("col_end", 1), ("phase_end", 1)]
-        m.submodules.dests = dests = fifo.SyncFIFO(
-            width=sum(w for _, w in dest_fields), depth=_FILL_DEPTH)
+        word_end = Mux(f_is_b, cols_end, a_col_end)
         dest = Cat(f_is_b, fi[:dest_bank_bits], row[0], a_upper, fh,
                    Mux(f_is_b, b_ebase + feb,
                        Mux(col_outer, phase_p + fpp + fa_eofs, fa_entry))[:max(a_aw, b_aw)],
-                   Mux(f_is_b, cols_end, a_last), a_col_end, a_phase_end)
+                   Mux(f_is_b, cols_end, a_last), a_col_end, a_col_end & d["ea_last"])
+
+        # Reads leave from a request register; the fill moves when it is free or taken.
+        m.submodules.dests = dests = fifo.SyncFIFO(
+            width=sum(w for _, w in dest_fields), depth=_FILL_DEPTH)
+        req_valid, req_dest = Signal(), Signal(len(dest))
+        taken_rd = self.rd.valid & self.rd.ready
         m.d.comb += [
-            self.rd.valid.eq(f_active & dests.w_rdy),
-            self.rd.payload.space.eq(Mux(f_is_b, run.b.space.as_value(),
-                                         run.a.space.as_value())),
-            self.rd.payload.addr.eq(Mux(f_is_b, b_addr, a_addr)),
-            self.rd.payload.tag.eq(0),
-            dests.w_data.eq(dest),
-            dests.w_en.eq(self.rd.valid & self.rd.ready),
+            self.rd.valid.eq(req_valid & dests.w_rdy),
+            dests.w_data.eq(req_dest),
+            dests.w_en.eq(taken_rd),
         ]
-        issued = self.rd.valid & self.rd.ready
-        # After a word column of one operand, the next read goes to the operand whose words
-        # cover fewer k so far: a block that starts both an A and a B panel (block (0, 0))
-        # gets them in the order its beats consume them.
-        word_end = Mux(f_is_b, cols_end, a_last & ~more_panels)
-        next_phase = ~f_is_b & (fea + 1 == wpr) & phase_more
-        next_fea = Mux(next_phase, 0, fea + ~f_is_b)
-        b_panel_end = f_is_b & (feb + 1 == wpc)
-        next_feb = Mux(b_panel_end, 0, feb + f_is_b)
-        next_a_left = a_left & ~(~f_is_b & (fea + 1 == wpr) & ~phase_more)
-        b_pending = col_outer & (b_col0 + cols < run.n) & (b_qblk + panels < ph_end)
-        b_phase = col_outer & (b_col0 < run.n) & (b_qblk < ph_end + slots)
-        next_b_left = Mux(b_panel_end, b_pending, b_left | (next_phase & b_phase))
-        pick_a = next_a_left & (~next_b_left | (~next_phase & ((next_fea << a_shift)
-                                                                <= (next_feb << b_shift))))
+        issued = f_active & (~req_valid | taken_rd) & (fresh | ~word_end)
+        with m.If(issued):
+            m.d.sync += [
+                req_valid.eq(1), req_dest.eq(dest),
+                self.rd.payload.space.eq(Mux(f_is_b, run.b.space.as_value(),
+                                             run.a.space.as_value())),
+                self.rd.payload.addr.eq(Mux(f_is_b, b_addr, a_addr)),
+                self.rd.payload.tag.eq(0),
+            ]
+        with m.Elif(taken_rd):
+            m.d.sync += req_valid.eq(0)
 
         fill_idle = Signal()
         with m.FSM(name="fill"):
             with m.State("IDLE"):
-                m.d.comb += fill_idle.eq(1)
+                m.d.comb += fill_idle.eq(~req_valid)
                 with m.If(self.start):
                     m.d.comb += f_restart.eq(1)
                     m.d.sync += [fa_entry.eq(0), b_done_col.eq(0)]
                     m.next = "BLOCK"
             with m.State("BLOCK"):
+                m.d.sync += fresh.eq(0)
                 with m.If(f_walk_done):
                     m.next = "IDLE"
                 with m.Elif((f_row0 == 0) & ((f_col0 == 0) | (f_col0 >= b_done_col))
                             | ~col_outer & (f_col0 == 0)):
-                    m.d.sync += [fea.eq(0), feb.eq(0), fi.eq(0), fh.eq(0), a_row0.eq(f_row0),
-                                 phase_row0.eq(0), phase_p.eq(0), fpp.eq(0), fa_eofs.eq(0),
-                                 b_col0.eq(f_col0), b_ebase.eq(f_bbase), b_qblk.eq(0),
+                    cells = n8_column_cells(run.b_k_repeat, f_col0)
+                    m.d.sync += [*set_fea(0), *set_feb(0), *set_fka(0), *set_fkb(0), *set_fi(0),
+                                 fh.eq(0), *set_a_row0(f_row0), *set_row(f_row0),
+                                 *set_phase_row0(0), phase_p.eq(0), fpp.eq(0), fa_eofs.eq(0),
+                                 *set_b_col0(f_col0), *set_col(f_col0), b_cells0.eq(cells),
+                                 b_cells.eq(cells), b_ebase.eq(f_bbase), b_qblk.eq(0),
+                                 b_qnext.eq(panels),
                                  ph_end.eq(Mux(f_col0 == 0, slots, 0)),
+                                 ph_end2.eq(Mux(f_col0 == 0, 2 * slots, slots)),
                                  a_left.eq(f_col0 == 0),
                                  b_left.eq((f_row0 == 0) & (f_col0 >= b_done_col)),
                                  f_is_b.eq(f_col0 != 0)]
@@ -258,35 +373,45 @@ class PanelFeed(FeedComponent):
                     m.d.comb += f_step.eq(1)
             with m.State("READ"):
                 m.d.comb += f_active.eq(1)
+                m.d.sync += fresh.eq(~(issued & word_end))
                 with m.If(issued):
                     with m.If(f_is_b):
-                        m.d.sync += fi.eq(Mux(cols_end, 0, fi + 1))
+                        m.d.sync += [*set_fi(Mux(cols_end, 0, fi + 1)),
+                                     *set_col(Mux(cols_end, b_col0, col + 1)),
+                                     b_cells.eq(Mux(cols_end, b_cells0, b_cells_next))]
                     with m.Elif(~rows_end):
-                        m.d.sync += fi.eq(a_next_i)
+                        m.d.sync += [*set_fi(a_next_i),
+                                     *set_row(Mux(run.m32, (row | 1) + 1, row + 1))]
                     with m.Elif(second_half):
-                        m.d.sync += [fi.eq(0), fh.eq(1)]
+                        m.d.sync += [*set_fi(0), fh.eq(1), *set_row(a_row0)]
                     with m.Elif(more_panels):
-                        m.d.sync += [fi.eq(0), fh.eq(0), a_row0.eq(a_row0 + rows),
-                                     fpp.eq(fpp + 1)]
+                        m.d.sync += [*set_fi(0), fh.eq(0), *set_a_row0(a_row0 + rows),
+                                     *set_row(a_row0 + rows), fpp.eq(fpp + 1)]
                     with m.If(~f_is_b & a_last):
                         m.d.sync += fa_entry.eq(fa_entry + 1)
                     with m.If(word_end):
-                        m.d.sync += [fi.eq(0), fh.eq(0), fea.eq(next_fea), feb.eq(next_feb),
-                                     a_row0.eq(Mux(col_outer, phase_row0, f_row0)), fpp.eq(0),
-                                     a_left.eq(next_a_left), b_left.eq(next_b_left),
-                                     f_is_b.eq(~pick_a)]
+                        first_row = Mux(col_outer, phase_row0, f_row0)
+                        m.d.sync += [*set_fi(0), fh.eq(0), *set_fea(d["next_fea"]),
+                                     *set_fka(d["next_fka"]), *set_feb(d["next_feb"]),
+                                     *set_fkb(d["next_fkb"]), *set_a_row0(first_row),
+                                     *set_row(first_row), fpp.eq(0),
+                                     a_left.eq(d["next_a_left"]), b_left.eq(d["next_b_left"]),
+                                     f_is_b.eq(~d["pick_a"])]
                         with m.If(a_col_end):
                             m.d.sync += fa_eofs.eq(fa_eofs + panels)
-                        with m.If(next_phase):
-                            m.d.sync += [phase_row0.eq(phase_row0 + rows * slots),
-                                         a_row0.eq(phase_row0 + rows * slots),
+                        with m.If(d["next_phase"]):
+                            m.d.sync += [*set_phase_row0(phase_row0 + rows * slots),
+                                         *set_a_row0(phase_row0 + rows * slots),
+                                         *set_row(phase_row0 + rows * slots),
                                          phase_p.eq(phase_p + slots), fa_eofs.eq(0),
-                                         ph_end.eq(ph_end + slots)]
-                        with m.If(b_panel_end):
-                            m.d.sync += [b_done_col.eq(b_col0 + cols), b_col0.eq(b_col0 + cols),
-                                         b_ebase.eq(b_ebase + wpc),
-                                         b_qblk.eq(b_qblk + panels)]
-                        with m.If(~next_a_left & ~next_b_left):
+                                         ph_end.eq(ph_end + slots), ph_end2.eq(ph_end2 + slots)]
+                        with m.If(d["b_panel_end"]):
+                            # The next B panel starts at the column after this one.
+                            m.d.sync += [b_done_col.eq(b_col0 + cols), *set_b_col0(b_col0 + cols),
+                                         *set_col(b_col0 + cols), b_cells0.eq(b_cells_next),
+                                         b_cells.eq(b_cells_next), b_ebase.eq(b_ebase + wpc),
+                                         b_qblk.eq(b_qnext), b_qnext.eq(b_qnext + panels)]
+                        with m.If(~d["next_a_left"] & ~d["next_b_left"]):
                             m.d.comb += f_step.eq(1)
                             m.next = "BLOCK"
 
@@ -321,109 +446,155 @@ class PanelFeed(FeedComponent):
                 m.d.sync += b_complete.eq(fields["entry"] + 1)
             with m.Else():
                 m.d.sync += a_complete.eq(fields["entry"] + 1)
-        # Column-outer A: panels below a_lo are whole, those of the phase from a_lo have
-        # their first a_cols words.
-        a_lo, a_cols = Signal(16), Signal(16)
+        # Column-outer A: panels below a_lo are whole, those of the phase from a_lo (to
+        # a_hi = a_lo + L) have their first a_cols words.
+        a_lo, a_hi, a_cols = Signal(16), Signal(16), Signal(16)
         with m.If(write & fields["col_end"]):
             m.d.sync += a_cols.eq(a_cols + 1)
         with m.If(write & fields["phase_end"]):
-            m.d.sync += [a_cols.eq(0), a_lo.eq(a_lo + slots)]
+            m.d.sync += [a_cols.eq(0), a_lo.eq(a_hi), a_hi.eq(a_hi + slots)]
         with m.If(self.start):
-            m.d.sync += [a_complete.eq(0), b_complete.eq(0), a_lo.eq(0), a_cols.eq(0)]
+            m.d.sync += [a_complete.eq(0), b_complete.eq(0), a_lo.eq(0), a_hi.eq(slots),
+                         a_cols.eq(0)]
 
         # ------------------------------------------------------------------
         # Beats: a null group, the real groups, a null group
         # ------------------------------------------------------------------
-        k = Signal(16)
+        # A sequencer emits beat positions into a position register; a beat leaves the
+        # position register for the output stage when its operands are in the buffers
+        # (decision C20).  Term k is kept as the facts the beats need, each stepped with k:
+        # whether k is 0 / the last term, and k's word and element index per operand.
+        k_zero, last_term = Signal(), Signal()
+        k_left = Signal(16)                     # K - 1 - k
+        a_sub, b_sub = Signal(6), Signal(6)     # k mod (elements per word)
+        a_word, b_word = Signal(16), Signal(16)  # k // (elements per word)
         s = Signal(range(max(2, slots)))
         restart, step_group = Signal(), Signal()
-        blocks, walk_done = block_walker(m, "pbeat", rows, cols, slots, run.m, run.n,
-                                         restart, step_group,
-                                         strides=(Mux(col_outer, 1, wpr), wpc))
+        blocks, walk_done = block_walker(m, "pbeat", rows, cols, slots, m_dim, n_dim,
+                                         restart, step_group, strides=(a_stride, wpc))
         a_kofs = Signal(16)             # column-outer: (k's word along K) x P
         row0, col0, used = Signal(16), Signal(16), Signal()
         a_base, b_base = Signal(16), Signal(16)
         for index, (r, c, u, rb, cb) in enumerate(blocks):
-            with m.If(s == index):
+            # One slot: no selection (s is always 0).
+            with m.If((s == index) if slots > 1 else Const(1)):
                 m.d.comb += [row0.eq(r), col0.eq(c), used.eq(u), a_base.eq(rb),
                              b_base.eq(cb)]
-        a_entry = (a_base + Mux(col_outer, a_kofs, k >> a_shift))[:a_aw + 1]
-        b_entry = (b_base + (k >> b_shift))[:b_aw + 1]
-        a_word = k >> a_shift
-        a_present = Mux(col_outer,
-                        (a_base < a_lo) | ((a_base < a_lo + slots) & (a_word < a_cols)),
-                        a_entry < a_complete)
-        present = a_present & (b_entry < b_complete)
-        last_term = k + 1 == run.k
+        a_entry = (a_base + Mux(col_outer, a_kofs, a_word))[:a_aw + 1]
+        b_entry = (b_base + b_word)[:b_aw + 1]
 
-        k_low = k[:4]
-        swapped = Cat(k_low[:2], k_low[3], k_low[2])
-        a_index = Mux(~run.m32 & (run.a_log2w == 2), swapped,
-                      k & ((Const(1, 1) << a_shift) - 1)[:6])
+        def present(a_entry, b_entry, a_base, a_word):
+            """The beat's A and B words are in the buffers."""
+            a_present = Mux(col_outer,
+                            (a_base < a_lo) | ((a_base < a_hi) & (a_word < a_cols)),
+                            a_entry < a_complete)
+            return a_present & (b_entry < b_complete)
+
+        a_index = Mux(a_swap, Cat(a_sub[:2], a_sub[3], a_sub[2]), a_sub)
         a_off = (a_index << run.a_log2w)[:6]
-        b_off = ((k & ((Const(1, 1) << b_shift) - 1)[:6]) << run.b_log2w)[:6]
+        b_off = (b_sub << run.b_log2w)[:6]
 
-        want, null, first = Signal(), Signal(), Signal()
-        taken = self.feed.valid & self.feed.ready
-        advance = want & (~self.feed.valid | taken)
+        # The position register: a beat, its buffer entries and whether they are filled.
+        p_valid, p_ok, p_first, p_null = Signal(), Signal(), Signal(), Signal()
+        m1_valid = Signal()                     # the read ports hold a beat's words
+        p_slot = Signal.like(beat.slot)
+        p_a_entry, p_b_entry = Signal(a_aw + 1), Signal(b_aw + 1)
+        p_a_base, p_a_word = Signal(16), Signal(16)
+        p_a_off, p_b_off = Signal(6), Signal(6)
+        p_row_ok, p_col_ok = Signal(rows), Signal(cols)
+
+        offer, null, first = Signal(), Signal(), Signal()
+        go = ~self.feed.valid | self.feed.ready      # the output stages move
+        advance = p_valid & p_ok & go
+        emit = offer & (~p_valid | advance)
         next_slot = Signal()
         with m.If(next_slot):
             m.d.sync += s.eq(Mux(s == slots - 1, 0, s + 1))
 
         with m.FSM(name="beats"):
             with m.State("IDLE"):
-                m.d.comb += self.done.eq(~self.feed.valid & fill_idle)
+                m.d.comb += self.done.eq(~self.feed.valid & ~m1_valid & ~p_valid & fill_idle)
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
-                    m.d.sync += [s.eq(0), k.eq(0), a_kofs.eq(0)]
+                    m.d.sync += [s.eq(0), k_zero.eq(1), last_term.eq(run.k == 1),
+                                 k_left.eq(run.k - 1), a_sub.eq(0), b_sub.eq(0),
+                                 a_word.eq(0), b_word.eq(0), a_kofs.eq(0)]
                     m.next = "NULL_FIRST"
             with m.State("NULL_FIRST"):
-                m.d.comb += [want.eq(1), null.eq(1), first.eq(1), next_slot.eq(advance)]
-                with m.If(advance & (s == slots - 1)):
+                m.d.comb += [offer.eq(1), null.eq(1), first.eq(1), next_slot.eq(emit)]
+                with m.If(emit & (s == slots - 1)):
                     m.next = "REAL"
             with m.State("REAL"):
                 with m.If(walk_done):
                     m.next = "NULL_LAST"
-                with m.Elif(~used & (k != 0)):
+                with m.Elif(~used & ~k_zero):
                     m.d.comb += next_slot.eq(1)        # no beat: the slot has no block
                 with m.Else():
-                    m.d.comb += [want.eq(~used | present), null.eq(~used),
-                                 first.eq(k == 0), next_slot.eq(advance)]
+                    m.d.comb += [offer.eq(1), null.eq(~used), first.eq(k_zero),
+                                 next_slot.eq(emit)]
                 with m.If(next_slot & (s == slots - 1)):
-                    word_done = ((k + 1) & ((Const(1, 1) << a_shift) - 1)[:6]) == 0
-                    m.d.sync += [k.eq(Mux(last_term, 0, k + 1)),
-                                 a_kofs.eq(Mux(last_term, 0,
-                                               Mux(word_done, a_kofs + panels, a_kofs)))]
+                    a_done, b_done = a_sub == a_mask, b_sub == b_mask
+                    m.d.sync += [
+                        k_zero.eq(last_term),
+                        last_term.eq(Mux(last_term, k_is1, k_left == 1)),
+                        k_left.eq(Mux(last_term, k_m1, k_left - 1)),
+                        a_sub.eq(Mux(last_term | a_done, 0, a_sub + 1)),
+                        b_sub.eq(Mux(last_term | b_done, 0, b_sub + 1)),
+                        a_word.eq(Mux(last_term, 0, a_word + a_done)),
+                        b_word.eq(Mux(last_term, 0, b_word + b_done)),
+                        a_kofs.eq(Mux(last_term, 0, Mux(a_done, a_kofs + panels, a_kofs))),
+                    ]
                     m.d.comb += step_group.eq(last_term)
             with m.State("NULL_LAST"):
-                m.d.comb += [want.eq(1), null.eq(1), first.eq(1), next_slot.eq(advance)]
-                with m.If(advance & (s == slots - 1)):
+                m.d.comb += [offer.eq(1), null.eq(1), first.eq(1), next_slot.eq(emit)]
+                with m.If(emit & (s == slots - 1)):
                     m.next = "IDLE"
 
-        # Output stage: its register and the buffers' read ports advance together.
-        out_slot = Signal.like(beat.slot)
-        out_first, out_null = Signal(), Signal()
-        out_a_off, out_b_off = Signal(6), Signal(6)
-        row_ok = Signal(rows)
-        col_ok = Signal(cols)
-        m.d.comb += [a_rd.addr.eq(a_entry), a_rd.en.eq(advance),
-                     b_rd.addr.eq(b_entry), b_rd.en.eq(advance)]
-        with m.If(advance):
+        # ``p_ok`` is registered from the completion counts, which only grow during a run:
+        # a beat may leave a cycle after its words arrive, never before.
+        with m.If(emit):
             m.d.sync += [
-                self.feed.valid.eq(1), out_slot.eq(s), out_first.eq(first),
-                out_null.eq(null), out_a_off.eq(a_off), out_b_off.eq(b_off),
-                row_ok.eq(Mux(null, 0, Cat(*(row0 + i < run.m for i in range(rows))))),
-                col_ok.eq(Mux(null, 0, Cat(*(col0 + j < run.n for j in range(cols))))),
+                p_valid.eq(1), p_slot.eq(s), p_first.eq(first), p_null.eq(null),
+                p_ok.eq(null | present(a_entry, b_entry, a_base, a_word)),
+                p_a_entry.eq(a_entry), p_b_entry.eq(b_entry), p_a_base.eq(a_base),
+                p_a_word.eq(a_word), p_a_off.eq(a_off), p_b_off.eq(b_off),
+                p_row_ok.eq(Mux(null, 0, Cat(*(row0 + i < m_dim for i in range(rows))))),
+                p_col_ok.eq(Mux(null, 0, Cat(*(col0 + j < n_dim for j in range(cols))))),
             ]
-        with m.Elif(taken):
-            m.d.sync += self.feed.valid.eq(0)
+        with m.Else():
+            m.d.sync += p_ok.eq(p_null | present(p_a_entry, p_b_entry, p_a_base, p_a_word))
+            with m.If(advance):
+                m.d.sync += p_valid.eq(0)
+
+        # Output stages: the buffers' read ports, then a register of the words read (the
+        # block RAMs' outputs are slow), from which the elements are cut; both move on one
+        # enable.
+        out_first, out_null = Signal(), Signal()
+        m1_slot, out_slot = Signal.like(beat.slot), Signal.like(beat.slot)
+        m1_first, m1_null = Signal(), Signal()
+        m1_a_off, m1_b_off, out_a_off, out_b_off = (Signal(6) for _ in range(4))
+        m1_row_ok, row_ok = Signal(rows), Signal(rows)
+        m1_col_ok, col_ok = Signal(cols), Signal(cols)
+        a_words, b_words = Signal(64 * rows), Signal(64 * cols)
+        m.d.comb += [a_rd.addr.eq(p_a_entry), a_rd.en.eq(go),
+                     b_rd.addr.eq(p_b_entry), b_rd.en.eq(go)]
+        with m.If(go):
+            m.d.sync += [
+                m1_valid.eq(p_valid & p_ok), m1_slot.eq(p_slot), m1_first.eq(p_first),
+                m1_null.eq(p_null), m1_a_off.eq(p_a_off), m1_b_off.eq(p_b_off),
+                m1_row_ok.eq(p_row_ok), m1_col_ok.eq(p_col_ok),
+                self.feed.valid.eq(m1_valid), out_slot.eq(m1_slot), out_first.eq(m1_first),
+                out_null.eq(m1_null), out_a_off.eq(m1_a_off), out_b_off.eq(m1_b_off),
+                row_ok.eq(m1_row_ok), col_ok.eq(m1_col_ok),
+                a_words.eq(a_rd.data), b_words.eq(b_rd.data),
+            ]
 
         for i in range(rows):
-            lane = a_rd.data[64 * i:64 * (i + 1)]
+            lane = a_words[64 * i:64 * (i + 1)]
             m.d.comb += beat.a[i].eq(Mux(row_ok[i], extract(lane, out_a_off, run.a_log2w, 32),
                                          0))
         for j in range(cols):
-            lane = b_rd.data[64 * j:64 * (j + 1)]
+            lane = b_words[64 * j:64 * (j + 1)]
             m.d.comb += beat.b[j].eq(Mux(col_ok[j], extract(lane, out_b_off, run.b_log2w, 32),
                                          0))
         m.d.comb += [beat.a_type.eq(run.a_type), beat.b_type.eq(run.b_type),

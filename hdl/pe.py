@@ -28,7 +28,7 @@ from .fma import Fma32
 from .int_mac import IntMac
 from .numeric_types import NumericConfig
 
-__all__ = ["ProcessingElement", "operand_layout", "control_layout"]
+__all__ = ["ProcessingElement", "operand_layout", "control_layout", "delay_line"]
 
 
 def operand_layout(numeric: NumericConfig) -> data.StructLayout:
@@ -61,10 +61,10 @@ def control_layout(numeric: NumericConfig, slots: int) -> data.StructLayout:
     return data.StructLayout(fields)
 
 
-def _delay(m: Module, value, cycles: int, name: str):
+def delay_line(m: Module, value, cycles: int, name: str, reset_less: bool = False):
     """``value`` delayed by ``cycles`` registers (``cycles`` may be 0)."""
     for stage in range(cycles):
-        reg = Signal.like(value, name=f"{name}_d{stage}")
+        reg = Signal.like(value, name=f"{name}_d{stage}", reset_less=reset_less)
         m.d.sync += reg.eq(value)
         value = reg
     return value
@@ -95,11 +95,16 @@ class ProcessingElement(wiring.Component):
         The registered inputs, for the right and lower neighbours.
     shift : In(1)
         Shift the chain registers by one position towards ``chain_out``.
-        Never asserted in a cycle in which this PE swaps.
+        Never asserted in a cycle in which this PE swaps, nor (with
+        ``input_lag`` = 1) in the cycle before, when the swapping term's
+        control word is in the operand register and its start value is read.
     chain_in : In(32)
         Chain value from the PE below (or the array's fill input).
     chain_out : Out(32)
         Chain register of slot 0: goes to the PE above (or the drain output).
+    chain_next : Out(32)
+        What ``chain_out`` holds after one shift: chain register 1, or
+        ``chain_in`` with one slot.
     """
 
     def __init__(self, numeric: NumericConfig, slots: int):
@@ -117,6 +122,7 @@ class ProcessingElement(wiring.Component):
             "a_in": In(operand), "b_in": In(operand), "ctl_in": In(control),
             "a_out": Out(operand), "b_out": Out(operand), "ctl_out": Out(control),
             "shift": In(1), "chain_in": In(32), "chain_out": Out(32),
+            "chain_next": Out(32),
         })
 
     @property
@@ -140,37 +146,60 @@ class ProcessingElement(wiring.Component):
         cfg = self.numeric
         slots = self.slots
 
-        # The operand registers are the outputs to the neighbours.
-        a, b, ctl = self.a_out, self.b_out, self.ctl_out
+        # The operand registers are the outputs to the neighbours.  Data registers
+        # (operands, sums, chain registers) have no reset: what they hold after a reset is
+        # never a result (the two exchanges after reset drain nothing, and every chain
+        # starts at a swap), and a reset reaching every flip-flop of the array is a net of
+        # thousands of loads.  The control word keeps its reset: a stray `first` would swap.
+        operand = operand_layout(cfg)
+        a = Signal(operand, name="a", reset_less=True)
+        b = Signal(operand, name="b", reset_less=True)
+        ctl = self.ctl_out
         m.d.sync += [a.eq(self.a_in), b.eq(self.b_in), ctl.eq(self.ctl_in)]
+        m.d.comb += [self.a_out.eq(a), self.b_out.eq(b)]
 
-        chain = Array(Signal(32, name=f"chain{s}") for s in range(slots))
+        chain = Array(Signal(32, name=f"chain{s}", reset_less=True) for s in range(slots))
         acc_in = Signal(32)
+        # A new chain starts from its chain register (ACC) or from +0 / 0.
+        if self.input_lag:
+            # The term is in the operand registers a cycle before it is accumulated:
+            # choose the start value then, so the accumulation loop has only a 2:1 mux
+            # before its adder, driven by a register of this PE alone (`start` has no
+            # reset, so yosys does not merge it with the right neighbour's control
+            # register, which holds the same bit).  No shift happens in that cycle.
+            init = Signal(32, name="init", reset_less=True)
+            start = Signal(name="start", reset_less=True)
+            m.d.sync += [init.eq(Mux(ctl.load, chain[ctl.slot], 0)), start.eq(ctl.first)]
         # With the product registered, the control word meets it one cycle later.
-        ctl = _delay(m, ctl, self.input_lag, "ctl_acc")
+        ctl = delay_line(m, ctl, self.input_lag, "ctl_acc")
+        if not self.input_lag:
+            init, start = Mux(ctl.load, chain[ctl.slot], 0), ctl.first
         # Each unit's result, delayed so that the loop around it is `slots` long.
         results = {}
         if cfg.has_float:
             fma = m.submodules.fma = Fma32(cfg)
             m.d.comb += [fma.a.eq(a.fp), fma.b.eq(b.fp), fma.acc_in.eq(acc_in)]
-            results["fp"] = _delay(m, fma.acc_out, slots - fma.latency, "fma_pad")
+            results["fp"] = delay_line(m, fma.acc_out, slots - fma.latency, "fma_pad", True)
         if cfg.has_int:
             mac = m.submodules.mac = IntMac(cfg)
-            m.d.comb += [mac.a.eq(a.int), mac.b.eq(b.int), mac.acc_in.eq(acc_in)]
-            results["int"] = _delay(m, mac.acc_out, slots - mac.latency, "mac_pad")
+            # A MAC that registers its operands itself (the DSP primitive's input
+            # registers) takes them where this PE's operand registers do.
+            early = mac.input_lag - self.input_lag
+            assert early in (0, 1)
+            a_mac, b_mac = (self.a_in, self.b_in) if early else (a, b)
+            m.d.comb += [mac.a.eq(a_mac.int), mac.b.eq(b_mac.int), mac.acc_in.eq(acc_in)]
+            results["int"] = delay_line(m, mac.acc_out, slots - mac.latency, "mac_pad", True)
         if len(results) == 2:
             # Both units see every term; the slot's class, carried round the
             # loop beside the value, says whose result is the accumulator.
-            done_is_int = _delay(m, ctl.is_int, slots, "class")
+            done_is_int = delay_line(m, ctl.is_int, slots, "class")
             done = Mux(done_is_int, results["int"], results["fp"])
         else:
             (done,) = results.values()
         done_acc = Signal(32)
         m.d.comb += done_acc.eq(done)
 
-        # A new chain starts from its chain register (ACC) or from +0 / 0.
-        init = Mux(ctl.load, chain[ctl.slot], 0)
-        m.d.comb += acc_in.eq(Mux(ctl.first, init, done_acc))
+        m.d.comb += acc_in.eq(Mux(start, init, done_acc))
         with m.If(ctl.first):
             # The chain that just left the pipeline is finished: park it.
             m.d.sync += chain[ctl.slot].eq(done_acc)
@@ -178,5 +207,6 @@ class ProcessingElement(wiring.Component):
             for s in range(slots - 1):
                 m.d.sync += chain[s].eq(chain[s + 1])
             m.d.sync += chain[slots - 1].eq(self.chain_in)
-        m.d.comb += self.chain_out.eq(chain[0])
+        m.d.comb += [self.chain_out.eq(chain[0]),
+                     self.chain_next.eq(chain[1] if slots > 1 else self.chain_in)]
         return m

@@ -39,7 +39,7 @@ from amaranth.lib.wiring import In, Out
 from .config import CubeConfig
 from .input_decoder import InputDecoder
 from .numeric_types import NumericConfig
-from .pe import ProcessingElement, control_layout, operand_layout
+from .pe import ProcessingElement, control_layout, delay_line, operand_layout
 
 __all__ = ["SystolicArray", "feed_layout", "drain_layout", "fill_layout"]
 
@@ -156,11 +156,20 @@ class SystolicArray(wiring.Component):
         })
 
     @property
+    def edge_stages(self) -> int:
+        """Registers after the edge decoders (1 with ``dsp_primitives``: PE(0, 0)'s
+        operands would otherwise go from the decoders straight into its DSP's input
+        registers, wherever the placer put that DSP)."""
+        return int(self.numeric.dsp_primitives is not None)
+
+    @property
     def swap_distance(self) -> int:
         """Cycles from accepting a beat to the end of the cycle in which the
-        last PE (R-1, C-1) uses it: one entry register, one operand register
-        per PE, R-1 + C-1 hops, and the product register if there is one."""
-        return self.rows + self.cols + int(self.numeric.int_product_register)
+        last PE (R-1, C-1) uses it: one entry register, the edge registers if
+        any, one operand register per PE, R-1 + C-1 hops, and the product
+        register if there is one."""
+        return (self.rows + self.cols + self.edge_stages
+                + int(self.numeric.int_product_register))
 
     @property
     def exchange_rows(self) -> int:
@@ -227,24 +236,32 @@ class SystolicArray(wiring.Component):
         # ------------------------------------------------------------------
         exchanging = fsm.ongoing("EXCHANGE")
         skipping = skip_drain != 0
-        shift = Signal()
         m.d.comb += [
             self.drain.valid.eq(exchanging & ~skipping & self.fill.valid),
             self.fill.ready.eq(exchanging & (skipping | self.drain.ready)),
-            shift.eq(self.fill.valid & self.fill.ready),
             self.drain.payload.row.eq(drain_row),
             self.drain.payload.slot.eq(drain_slot),
         ]
+        # The chains shift in the cycle after the transfer, from a register with the
+        # filled row: the handshake (from outside the array) reaches one flip-flop, not
+        # the enables of every chain register.  Meanwhile the drain shows the chain
+        # position behind the top one (see below), so transfers may follow each other
+        # in every cycle; the last shift is done long before the next swap.
+        shift = Signal()
+        fill_row = Signal.like(self.fill.payload.data, name="fill_row", reset_less=True)
+        m.d.sync += [shift.eq(self.fill.valid & self.fill.ready),
+                     fill_row.eq(self.fill.payload.data)]
 
         # ------------------------------------------------------------------
         # Entry register: the accepted beat, or a bubble
         # ------------------------------------------------------------------
-        entry = Signal(beat.shape(), name="entry")
+        # The operands are taken every cycle, accepted or not: `entry_valid` masks them at
+        # the decoders, so `accept` (a long path from the state through `feed.ready`)
+        # reaches a few control flip-flops instead of the enable of the whole beat.
+        entry = Signal(beat.shape(), name="entry", reset_less=True)
         entry_valid = Signal()
         entry_ctl = Signal(control)
-        m.d.sync += entry_valid.eq(accept & ~beat.null)
-        with m.If(accept):
-            m.d.sync += entry.eq(beat)
+        m.d.sync += [entry_valid.eq(accept & ~beat.null), entry.eq(beat)]
         m.d.sync += [
             entry_ctl.first.eq(accept & beat.first),
             entry_ctl.load.eq(beat.load),
@@ -274,8 +291,9 @@ class SystolicArray(wiring.Component):
                 edge.d.comb += value.fp.eq(Mux(entry_valid, dec.fp.as_value(), identity_fp))
             if cfg.has_int:
                 edge.d.comb += value.int.eq(Mux(entry_valid, dec.int_value, 0))
-            return value
+            return delay_line(edge, value, self.edge_stages, f"{side}{index}_edge", True)
 
+        edge_ctl = delay_line(m, entry_ctl, self.edge_stages, "edge_ctl")
         fp_zero = {}
         if cfg.has_float:
             layout = cfg.float_layout
@@ -294,9 +312,9 @@ class SystolicArray(wiring.Component):
         # big module would be re-evaluated for every operand that moves.
         for i in range(rows):
             lane = m.submodules[f"row_skew{i}"] = Module()
-            a_val, ctl_val = a_edge[i], entry_ctl
+            a_val, ctl_val = a_edge[i], edge_ctl
             for stage in range(i):
-                a_reg = Signal(operand, name=f"skew_a{i}_{stage}")
+                a_reg = Signal(operand, name=f"skew_a{i}_{stage}", reset_less=True)
                 ctl_reg = Signal(control, name=f"skew_ctl{i}_{stage}")
                 lane.d.sync += [a_reg.eq(a_val), ctl_reg.eq(ctl_val)]
                 a_val, ctl_val = a_reg, ctl_reg
@@ -305,7 +323,7 @@ class SystolicArray(wiring.Component):
             lane = m.submodules[f"col_skew{j}"] = Module()
             b_val = b_edge[j]
             for stage in range(j):
-                b_reg = Signal(operand, name=f"skew_b{j}_{stage}")
+                b_reg = Signal(operand, name=f"skew_b{j}_{stage}", reset_less=True)
                 lane.d.sync += b_reg.eq(b_val)
                 b_val = b_reg
             lane.d.comb += pes[0][j].b_in.eq(b_val)
@@ -322,7 +340,9 @@ class SystolicArray(wiring.Component):
                 if i + 1 < rows:
                     link.d.comb += pe.chain_in.eq(pes[i + 1][j].chain_out)
                 else:
-                    link.d.comb += pe.chain_in.eq(self.fill.payload.data[j])
+                    link.d.comb += pe.chain_in.eq(fill_row[j])
         for j in range(cols):
-            m.d.comb += self.drain.payload.data[j].eq(pes[0][j].chain_out)
+            # While a shift is pending, the row after it is the one behind the top.
+            m.d.comb += self.drain.payload.data[j].eq(
+                Mux(shift, pes[0][j].chain_next, pes[0][j].chain_out))
         return m

@@ -15,17 +15,20 @@ utilization targets.
 """
 
 import gc
+import json
 import warnings
 
 import numpy as np
 import pytest
-from amaranth.hdl import Fragment, UnusedElaboratable
+from amaranth.hdl import (Fragment, Instance, Module, Signal, UnusedElaboratable, Value,
+                          signed)
 from amaranth.sim import Simulator
 
+from ptocube.build.pnr import DEVICES, synthesize
 from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.fma import Fma32
 from ptocube.hdl.input_decoder import InputDecoder
-from ptocube.hdl.int_mac import IntMac
+from ptocube.hdl.int_mac import Ecp5Multiplier, IntMac
 from ptocube.hdl.numeric_types import NumericConfig
 from ptocube.hdl.pe import ProcessingElement
 from ptocube.hdl.systolic import SystolicArray
@@ -187,6 +190,99 @@ def test_integer_wraps_modulo_2_32():
     assert (results[1] == (40 * 0xFFFF ** 2 + 0xFFFFFFFF) % 2 ** 32).all()
     for job, got in zip(jobs, results):
         assert np.array_equal(got, job.reference())
+
+
+# ---------------------------------------------------------------------------
+# The ECP5 forms of the integer MAC (ecp5-int8): product register, DSP primitive
+# ---------------------------------------------------------------------------
+
+def _registered_mult18x18d(self, platform):
+    """Behavioural model of the MULT18X18D as Ecp5Multiplier configures it: REG_INPUTA,
+    REG_INPUTB and REG_OUTPUT on CLK0 (CE0 = 1, RST0 = 0), pipeline register bypassed,
+    signed 18 x 18 -> 36 bits."""
+    m = Module()
+    a = Signal(signed(18))
+    b = Signal(signed(18))
+    p = Signal(signed(36))
+    m.d.sync += [a.eq(self.a), b.eq(self.b), p.eq(a * b)]
+    m.d.comb += self.p.eq(p)
+    return m
+
+
+@pytest.fixture
+def simulated_dsp(monkeypatch):
+    """Ecp5Multiplier elaborated as its behavioural model (pysim cannot run an Instance)."""
+    monkeypatch.setattr(Ecp5Multiplier, "elaborate", _registered_mult18x18d)
+
+
+def test_integer_product_register_forms(simulated_dsp):
+    """ecp5-int8's MAC pipeline (product registered, L = 1) with the fabric multiplier and
+    with the DSP primitive's registers (and its edge register): both exact under stalls.
+    Against the plain array (sum registered only) the swap distance grows by the product
+    register and the edge registers, and a run of beat-bound groups by as many cycles."""
+    rng = np.random.default_rng(13)
+    jobs = [make_job(rng, D.S16, D.S16, 5, 7, 9, acc=True),
+            make_job(rng, D.U16, D.U8, 3, 4, 1),
+            make_job(rng, D.S8, D.S4X2, 7, 5, 30, acc=True),
+            make_job(rng, D.U4X2, D.U16, 2, 9, 3)]
+    plain = SystolicArray(CubeConfig(rows=3, cols=4, **INT_ONLY))
+    cycles = {None: check(plain, jobs[2:3]).cycles}
+    for dsp in (None, "ecp5"):
+        array = SystolicArray(CubeConfig(rows=3, cols=4, int_product_register=True,
+                                         dsp_primitives=dsp, **INT_ONLY))
+        extra = 1 + (dsp is not None)
+        assert array.edge_stages == (dsp is not None)
+        assert (array.slots, array.swap_distance) == (1, plain.swap_distance + extra)
+        check(array, jobs, feed_gap=0.3, fill_gap=0.3, drain_stall=0.3, seed=13)
+        assert check(array, jobs[2:3]).cycles == cycles[None] + extra, dsp
+
+
+def test_dsp_primitive_instance():
+    """The MULT18X18D's configuration and pins: operand bits k on A<k>/B<k>, product bits on
+    P<k>, signed, input and output registers on the sync clock, always enabled."""
+    mult = Ecp5Multiplier()
+    (inst, name, _), = Fragment.get(mult, None).subfragments
+    assert isinstance(inst, Instance) and inst.type == "MULT18X18D"
+    params = {key: str(value) for key, value in inst.parameters.items()}
+    assert {key: params.get(key, "NONE") for key in (
+        "REG_INPUTA_CLK", "REG_INPUTB_CLK", "REG_PIPELINE_CLK", "REG_OUTPUT_CLK",
+        "REG_INPUTA_CE", "REG_OUTPUT_CE", "REG_INPUTA_RST", "REG_OUTPUT_RST")} == {
+        "REG_INPUTA_CLK": "CLK0", "REG_INPUTB_CLK": "CLK0", "REG_PIPELINE_CLK": "NONE",
+        "REG_OUTPUT_CLK": "CLK0", "REG_INPUTA_CE": "CE0", "REG_OUTPUT_CE": "CE0",
+        "REG_INPUTA_RST": "RST0", "REG_OUTPUT_RST": "RST0"}
+    ports = {key: value for key, (value, _) in inst.ports.items()}
+    assert repr(ports.pop("CLK0")) == "(clk sync)"
+    assert {key: ports.pop(key).value for key in ("CE0", "RST0", "SIGNEDA", "SIGNEDB")} == {
+        "CE0": 1, "RST0": 0, "SIGNEDA": 1, "SIGNEDB": 1}
+    for port, signal, width in (("A", mult.a, 18), ("B", mult.b, 18), ("P", mult.p, 36)):
+        for k in range(width):
+            bit = ports.pop(f"{port}{k}")
+            assert bit.value is Value.cast(signal) and (bit.start, bit.stop) == (k, k + 1)
+    assert not ports                                  # SRIA/SRIB, C, SOURCE*: tied off
+    assert Ecp5Multiplier.latency == 2
+
+
+def test_dsp_primitive_synthesized(tmp_path):
+    """yosys keeps the configured MULT18X18D, and the MAC's only fabric flip-flops are
+    the 32-bit sum: the operand and product registers are the DSP's."""
+    numeric = NumericConfig.from_cube_config(
+        CubeConfig(int_product_register=True, dsp_primitives="ecp5", **INT_ONLY))
+    netlist = json.loads(synthesize(IntMac(numeric), DEVICES["LFE5U-85F-6BG381"],
+                                    tmp_path).read_text())
+    cells = [c for module in netlist["modules"].values() for c in module["cells"].values()]
+    dsps = [c for c in cells if c["type"] == "MULT18X18D"]
+    assert len(dsps) == 1
+    assert {k: dsps[0]["parameters"][k] for k in
+            ("REG_INPUTA_CLK", "REG_INPUTB_CLK", "REG_OUTPUT_CLK")} == dict.fromkeys(
+        ("REG_INPUTA_CLK", "REG_INPUTB_CLK", "REG_OUTPUT_CLK"), "CLK0")
+    assert sum(c["type"] == "TRELLIS_FF" for c in cells) == 32
+
+
+def test_dsp_primitive_configuration_errors():
+    construction_error(ValueError, "needs int_product_register", lambda: SystolicArray(
+        CubeConfig(dsp_primitives="ecp5", **INT_ONLY)))
+    construction_error(ValueError, "None or 'ecp5'", lambda: SystolicArray(
+        CubeConfig(int_product_register=True, dsp_primitives="ice40", **INT_ONLY)))
 
 
 # ---------------------------------------------------------------------------
