@@ -284,14 +284,13 @@ class PanelFeed(FeedComponent):
         # registers that change only at a word column's end, so it is registered every
         # cycle and valid (``fresh``) from the second cycle of each word column.  A word
         # column of one read waits a cycle for it.
-        ea_last, eb_last = fea_last, feb_last
-        next_phase = ~f_is_b & ea_last & phase_more
+        next_phase = ~f_is_b & fea_last & phase_more
         next_fea = Mux(next_phase, 0, fea + ~f_is_b)
         next_fka = Mux(next_phase, 0, Mux(f_is_b, fka, fka_ahead))
-        b_panel_end = f_is_b & eb_last
+        b_panel_end = f_is_b & feb_last
         next_feb = Mux(b_panel_end, 0, feb + f_is_b)
         next_fkb = Mux(b_panel_end, 0, Mux(f_is_b, fkb_ahead, fkb))
-        next_a_left = a_left & ~(~f_is_b & ea_last & ~phase_more)
+        next_a_left = a_left & ~(~f_is_b & fea_last & ~phase_more)
         b_pending = col_outer & b_more & (b_qnext < ph_end)
         b_phase = col_outer & b_in & (b_qblk < ph_end2)
         next_b_left = Mux(b_panel_end, b_pending, b_left | (next_phase & b_phase))
@@ -301,9 +300,9 @@ class PanelFeed(FeedComponent):
         # case by case (next_phase masks it, and only A's or only B's count moves):
         # A read: fka + a_epw <= fkb; B read: fka <= fkb + b_epw, or fka <= 0 after B's
         # last word.
-        a_not_ahead = Mux(f_is_b, Mux(eb_last, fka == 0, fka <= fkb_ahead), fka_ahead <= fkb)
+        a_not_ahead = Mux(f_is_b, Mux(feb_last, fka == 0, fka <= fkb_ahead), fka_ahead <= fkb)
         pick_a = next_a_left & (~next_b_left | (~next_phase & a_not_ahead))
-        decision = {"ea_last": ea_last, "next_phase": next_phase, "next_fea": next_fea,
+        decision = {"ea_last": fea_last, "next_phase": next_phase, "next_fea": next_fea,
                     "next_fka": next_fka, "b_panel_end": b_panel_end, "next_feb": next_feb,
                     "next_fkb": next_fkb, "next_a_left": next_a_left,
                     "next_b_left": next_b_left, "pick_a": pick_a}
