@@ -328,20 +328,22 @@ def predict_cycles(array: SystolicArray, jobs: list[MatmulJob]) -> int:
     """Cycles :func:`run_matmuls` needs for ``jobs`` when no stream stalls.
 
     The closed form of ``docs/hdl-systolic.md``: after the reset exchange
-    (R x L cycles), group g+1 starts ``max(K_g x L, ceil_L(L + R + C + R x L))``
+    (R x L cycles), group g+1 starts ``max(K_g x L, ceil_L(L + D + R x L))``
     cycles after group g (its own beats, or the swap window plus the
     exchange, rounded up to a whole slot round); the flush group then needs
-    L + R + C + R x L cycles to drain the last results.
+    L + D + R x L cycles to drain the last results.  D is the array's
+    :attr:`~ptocube.hdl.systolic.SystolicArray.swap_distance`: R + C, plus
+    the edge and product registers the build has.
     """
-    rows, cols, slots = array.rows, array.cols, array.slots
-    turnaround = slots + rows + cols + rows * slots
+    rows, cols, slots, swap = array.rows, array.cols, array.slots, array.swap_distance
+    turnaround = slots + swap + rows * slots
     turnaround = -(-turnaround // slots) * slots
     cycles = rows * slots
     for job in jobs:
         m, n, k = job.shape
         groups = -(-(-(-m // rows) * -(-n // cols)) // slots)
         cycles += groups * max(k * slots, turnaround)
-    return cycles + slots + rows + cols + rows * slots
+    return cycles + slots + swap + rows * slots
 
 
 def _random_job(rng, a_type, b_type, m, n, k) -> MatmulJob:

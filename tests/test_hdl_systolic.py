@@ -514,11 +514,14 @@ def test_group_results_and_load_through_exchange():
     check(array, jobs)
 
 
-@pytest.mark.parametrize("rows,cols,slots", [(2, 3, 1), (3, 2, 3), (4, 4, 2)])
-def test_cycle_counts_match_formula(rows, cols, slots):
-    """Beat-bound (large K) and exchange-bound (small K) schedules, several jobs in a row."""
+@pytest.mark.parametrize("rows,cols,slots,product_register",
+                         [(2, 3, 1, False), (3, 2, 3, False), (4, 4, 2, False), (3, 2, 1, True)])
+def test_cycle_counts_match_formula(rows, cols, slots, product_register):
+    """Beat-bound (large K) and exchange-bound (small K) schedules, several jobs in a row;
+    the product register (``ecp5-int8``) lengthens the swap distance by one."""
     rng = np.random.default_rng(rows * 10 + cols)
-    array = SystolicArray(CubeConfig(rows=rows, cols=cols, **INT_ONLY), slots=slots)
+    array = SystolicArray(CubeConfig(rows=rows, cols=cols, int_product_register=product_register,
+                                     **INT_ONLY), slots=slots)
     for shapes in ([(5, 4, 1)], [(7, 9, 20)], [(8, 3, 2), (3, 3, 30), (1, 1, 1)]):
         jobs = [make_job(rng, D.S8, D.S8, *shape) for shape in shapes]
         stats = check(array, jobs)
