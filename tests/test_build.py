@@ -6,6 +6,7 @@ Default tests use designs that route in seconds; whole-unit and ECP5 preset buil
 
 import argparse
 import json
+import re
 
 import pytest
 from amaranth.hdl import Module, Signal
@@ -134,6 +135,10 @@ def test_selftest_board_flow(name, tmp_path, capsys, monkeypatch):
     if name == "icebreaker":
         # The real systolic array: its four SB_MAC16 and the 12 MHz board clock.
         assert brd.design == "array" and summary["dsp"] == 4
+    else:
+        # The PLL domain's reset goes through its DCCA onto a global network (F23).
+        log = (tmp_path / "top.tim").read_text()
+        assert re.search(r"routing clock net \S*pll\.rst using global [0-7]\b", log), log[-2000:]
 
 
 def test_cli_build_design_choice(monkeypatch, capsys):
