@@ -22,7 +22,8 @@ from ..hdl.config import PRESETS, preset
 from .boards import BOARDS, SELFTEST_DESIGNS, board
 
 __all__ = ["add_build_arguments", "run_build", "add_synth_arguments", "run_synth",
-           "add_verilog_arguments", "run_verilog", "design", "bench_fpga", "BENCH_CASES"]
+           "add_verilog_arguments", "run_verilog", "design", "fpga_config", "bench_fpga",
+           "BENCH_CASES"]
 
 #: ``--design`` choices: what ``synth`` and ``verilog`` elaborate for a preset.
 DESIGNS = ("unit", "systolic", "decoder")
@@ -40,6 +41,17 @@ def design(name: str, config):
         from ..hdl.decoder import BundleDecoder
         return BundleDecoder(config)
     raise ValueError(f"unknown design {name!r}; known designs: {', '.join(DESIGNS)}")
+
+
+def fpga_config(config, family: str):
+    """The preset as ``synth`` and the benchmarks place and route it on ``family``: on ECP5 an
+    integer build with the product register gets its MULT18X18D primitives with their own
+    registers (``dsp_primitives="ecp5"``, decision F24). ``build`` keeps the preset as it is,
+    because its self-test is simulated in ``make test`` and Amaranth's simulator cannot run
+    the primitive."""
+    if family == "ecp5" and config.int_product_register and config.dsp_primitives is None:
+        return config.with_(dsp_primitives="ecp5")
+    return config
 
 
 def _board_arguments(parser, board_required=True):
@@ -150,9 +162,11 @@ def run_synth(args) -> int:
     freq = args.freq or brd.clock_hz / 1e6
     out = _out_dir(args, brd)
     work = out / f"synth-{name}-{args.design}"
-    result = place_and_route(design(args.design, preset(name)), brd.device, freq_mhz=freq,
+    config = fpga_config(preset(name), brd.device.family)
+    result = place_and_route(design(args.design, config), brd.device, freq_mhz=freq,
                              seed=args.seed, workdir=work, wrap=True, router=args.router)
-    report = {"board": brd.name, "preset": name, "design": args.design, **result.to_json()}
+    report = {"board": brd.name, "preset": name, "design": args.design,
+              "dsp_primitives": config.dsp_primitives, **result.to_json()}
     json_path = out / f"synth-{name}-{args.design}.json"
     json_path.write_text(json.dumps(report, indent=1) + "\n")
     if args.json:
@@ -219,6 +233,7 @@ def run_verilog(args) -> int:
 
 #: ``make bench`` cases: (board, preset, design, clock constraint in MHz, router).
 BENCH_CASES = (
+    ("ulx3s-85f", "ecp5-int8", "systolic", 100, "router2"),
     ("ulx3s-85f", "ecp5-int8", "unit", 100, "router2"),
     ("ulx3s-85f", "ecp5-full", "unit", 100, "router2"),
     ("icebreaker", "ice40-tiny", "unit", 12, None),
@@ -235,7 +250,8 @@ def bench_fpga(cases=BENCH_CASES, out="build/out/bench") -> list:
         row = {"board": board_name, "preset": preset_name, "design": design_name,
                "target_mhz": freq}
         try:
-            r = place_and_route(design(design_name, preset(preset_name)), brd.device,
+            config = fpga_config(preset(preset_name), brd.device.family)
+            r = place_and_route(design(design_name, config), brd.device,
                                 freq_mhz=freq, workdir=Path(out) / f"{board_name}-{preset_name}",
                                 wrap=True, router=router)
         except ToolError as error:

@@ -18,6 +18,7 @@ from ptocube.build.boards import BOARDS, BoardTop, board
 from ptocube.build.ecp5_pll import pll_dividers
 from ptocube.build.selftest import STATUS_MASK, SelfTest
 from ptocube.build.pnr import DEVICES, Device, PinLightWrapper, ToolError, place_and_route
+from ptocube.hdl.config import preset
 from ptocube.build.timing import critical_path
 from selftest_units import GprUnit, gpr_program
 
@@ -199,7 +200,26 @@ def test_cli_synth_table_and_json(tmp_path, capsys):
     assert "ice40-tiny" in table and "DSP" in table and "Fmax" in table
     report = json.loads((tmp_path / "synth-ice40-tiny-systolic.json").read_text())
     assert report["dsp"] == 4                        # 2 x 2 integer PEs, one DSP each
+    assert report["dsp_primitives"] is None          # iCE40: the fabric form (F24)
     assert report["fmax"] and all(v["achieved_mhz"] >= 12 for v in report["fmax"].values())
+
+
+def test_fpga_config_dsp_primitives(monkeypatch, tmp_path):
+    # ECP5 synth and bench runs of a product-register build use the MULT18X18D primitive with
+    # its registers; iCE40, float builds and the self-test builds keep the preset (F24).
+    int8, full, tiny = preset("ecp5-int8"), preset("ecp5-full"), preset("ice40-tiny")
+    assert cli.fpga_config(int8, "ecp5") == int8.with_(dsp_primitives="ecp5")
+    assert cli.fpga_config(int8, "ice40") is int8
+    assert cli.fpga_config(full, "ecp5") is full and cli.fpga_config(tiny, "ecp5") is tiny
+    seen = []
+
+    def fake_place_and_route(design, device, **kwargs):
+        seen.append(design.numeric.dsp_primitives)
+        raise ToolError("stop here")
+    monkeypatch.setattr("ptocube.build.pnr.place_and_route", fake_place_and_route)
+    rows = cli.bench_fpga([("ulx3s-85f", "ecp5-int8", "systolic", 100, "router2"),
+                           ("icebreaker", "ice40-tiny", "systolic", 12, None)], out=tmp_path)
+    assert seen == ["ecp5", None] and all(row["error"] == "stop here" for row in rows)
 
 
 def test_cli_verilog(tmp_path):
