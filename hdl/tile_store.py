@@ -109,6 +109,64 @@ class _BlockReadPort:
             m.d.sync += self.data.eq(port.data)
 
 
+def _thermometer(m: Module, value, width: int, name: str) -> Signal:
+    """``width`` bits, bit i set when i < ``value`` (all set when ``value`` >= ``width``).
+
+    Built from two small decodes, the value's high part against each 8-bit group and its low
+    3 bits within a group, so each bit is one LUT of three shared signals.  Per-bit ``<``
+    compares would each become a carry chain reading the whole value: 128 of them packed
+    beside the occupancy bitmaps were where the tile store did not route (decision T14).
+    """
+    value = Value.cast(value)
+    groups = -(-width // 8)
+    high, low = value[3:], value[:3]
+    high_lt = Signal(groups, name=f"{name}_high_lt")   # group g lies below the value's group
+    low_lt = Signal(8, name=f"{name}_low_lt")          # CELL j of a group below the value's
+    with m.Switch(high):
+        for g in range(groups):
+            with m.Case(g):
+                m.d.comb += high_lt.eq((1 << g) - 1)
+        with m.Default():
+            m.d.comb += high_lt.eq((1 << groups) - 1)
+    with m.Switch(low):
+        for j in range(8):
+            with m.Case(j):
+                m.d.comb += low_lt.eq((1 << j) - 1)
+    bits = Signal(width, name=name)
+    for i in range(width):
+        m.d.comb += bits[i].eq(high_lt[i // 8] | ((high == i // 8) & low_lt[i % 8]))
+    return bits
+
+
+def _implicit_rooms(word, pc_log, pc_mask, rows, cols):
+    """For flag word ``word`` of a row-major tile with 2**``pc_log`` physical columns
+    (``pc_mask`` = columns - 1) and a ``rows`` x ``cols`` valid region: the rows and the
+    columns that remain from the word's first element to the region's end, each clamped to
+    0-64 (the inputs of :func:`_implicit_word`)."""
+    first = Cat(Const(0, 6), word)
+    rooms = []
+    for size, used in ((rows, first >> pc_log), (cols, first & pc_mask)):
+        rooms.append(Mux(size <= used, 0, Mux(size - used >= 64, 64, size - used)))
+    return rooms
+
+
+def _implicit_word(m: Module, rows_room, cols_room, pc_log, name: str) -> Signal:
+    """The implicit definedness flags of one flag word (bit i: element i of the word lies in
+    the valid region), from :func:`_implicit_rooms`.  Element i is ``i >> pc_log`` rows and
+    ``i & (columns - 1)`` columns past the word's first element: the 64 elements of a word
+    never carry into higher slot bits, since physical columns are a power of two."""
+    rows_below = _thermometer(m, rows_room, 64, f"{name}_rows_below")
+    cols_below = _thermometer(m, cols_room, 64, f"{name}_cols_below")
+    log6 = Signal(3, name=f"{name}_log6")
+    m.d.comb += log6.eq(Mux(pc_log >= 6, 6, pc_log))
+    word = Signal(64, name=name)
+    for i in range(64):
+        row_ok = Array(rows_below[i >> k] for k in range(7))[log6]
+        col_ok = Array(cols_below[i & ((1 << k) - 1)] for k in range(7))[log6]
+        m.d.comb += word[i].eq(row_ok & col_ok)
+    return word
+
+
 def _entry_layout(desc_layout, config):
     return data.StructLayout({"desc": desc_layout, "base": cell_addr_width(config),
                               "undef": UNDEFINED_WIDTH, "synth": 1})
@@ -414,11 +472,9 @@ class TileStore(wiring.Component):
         m.d.sync += [marking["space"].eq(mark_space), marking["base"].eq(mark_base),
                      marking["end"].eq(mark_end), marking["set"].eq(mark_set),
                      marking["clear"].eq(mark_clear)]
-        # Bit i: base <= i < end.  Compared per bit: a variable shift of a wide constant
-        # would make a huge (and slow to elaborate) shifter.
-        range_mask = Signal(max(pad))
-        for i in range(max(pad)):
-            m.d.comb += range_mask[i].eq((marking["base"] <= i) & (marking["end"] > i))
+        # Bit i: base <= i < end, from two thermometer codes (T14).
+        range_mask = (_thermometer(m, marking["end"], max(pad), "mark_below_end")
+                      & ~_thermometer(m, marking["base"], max(pad), "mark_below_base"))
         for s in spaces:
             mask = range_mask[:pad[s]]
             with m.If(marking["space"] == s):
@@ -461,6 +517,8 @@ class TileStore(wiring.Component):
         read_flags = Signal()
         read_word = Signal(64)                  # HOST_READ: the payload or flag word read
         read_synth = Signal(64)                 # HOST_READ: the implicit flags of that word
+        synth_rows = Signal(7)                  # HOST: rows / columns left from the word's
+        synth_cols = Signal(7)                  # first element (0-64, T14)
         cfg_base = Signal(run_w)
         cfg_end = Signal(run_w)
         cfg_bytes = Signal(32)                  # the new register's share of capacity in use
@@ -498,6 +556,7 @@ class TileStore(wiring.Component):
         # The implicit flags' geometry (HOST_READ): log2 of the physical columns, etc.
         f_pc_log, f_pc_mask = Signal(5), Signal(16)
         f_rows, f_cols = Signal(16), Signal(16)
+        implicit_word = _implicit_word(m, synth_rows, synth_cols, f_pc_log, "implicit_word")
 
         host_go = self.host_cmd.valid & self.host_enable & ~rsp_valid
         busy = Signal()
@@ -587,6 +646,11 @@ class TileStore(wiring.Component):
                 m.d.comb += busy.eq(1)
                 m.next = "IDLE"
                 op = cmd.op
+                # For a READ_FLAGS of implicit flags: the rows and columns the word's first
+                # element still has before the valid region ends (HOST_READ, T14).
+                rows_room, cols_room = _implicit_rooms(cmd.addr, f_pc_log, f_pc_mask,
+                                                       f_rows, f_cols)
+                m.d.sync += [synth_rows.eq(rows_room), synth_cols.eq(cols_room)]
                 with m.If(f_bad_space):
                     fail(HostError.BAD_SPACE)
                 with m.Elif(f_bad_index):
@@ -756,10 +820,7 @@ class TileStore(wiring.Component):
                 m.d.comb += busy.eq(1)
                 pdata = Array(pay_rd[s].data for s in spaces)[read_space]
                 fdata = Array(flg_rd[s].data for s in spaces)[read_space]
-                for i in range(64):
-                    slot = Cat(Const(i, 6), cmd.addr)
-                    m.d.sync += read_synth[i].eq(((slot >> f_pc_log) < f_rows)
-                                                 & ((slot & f_pc_mask) < f_cols))
+                m.d.sync += read_synth.eq(implicit_word)
                 m.d.sync += read_word.eq(Mux(read_flags, fdata, pdata))
                 m.next = "HOST_REPLY"
 

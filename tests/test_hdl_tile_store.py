@@ -6,8 +6,9 @@ model store (``encode_tile``, ``tile_defined``, ...) answers, and every host rea
 what was written.
 """
 
+import numpy as np
 import pytest
-from amaranth.hdl import Value
+from amaranth.hdl import Const, Module, Signal, Value
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
@@ -17,7 +18,8 @@ from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
 from ptocube.hdl.tile_desc import (OutputRole, SharedDescLayout, TileDescLayout, encode_shared,
                                    encode_tile, shared_defined, tile_defined)
 from ptocube.hdl.tile_port import OperandDescLayout
-from ptocube.hdl.tile_store import StoreOp, TileStore
+from ptocube.hdl.tile_store import (StoreOp, TileStore, _implicit_rooms, _implicit_word,
+                                    _thermometer)
 from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout
 from ptocube.model.scenario import parse_scenario
@@ -338,3 +340,64 @@ def test_host_errors_and_replacement():
                 "bad_desc": HostError.BAD_DESCRIPTOR}
     assert {k: results[k].error for k in expected} == expected
     assert results["free_a"].ok and results["in_use"].data == 2048
+
+
+# ---------------------------------------------------------------------------
+# The store's thermometer codes and implicit flags (decision T14), exhaustively
+# ---------------------------------------------------------------------------
+
+def _simulate_comb(build, cases):
+    """Run ``build(m)`` -> (inputs, outputs) over ``cases`` (input values); returns the
+    output values of each case."""
+    m = Module()
+    inputs, outputs = build(m)
+    seen = []
+
+    async def bench(ctx):
+        for case in cases:
+            for signal, value in zip(inputs, case):
+                ctx.set(signal, value)
+            seen.append([ctx.get(o) for o in outputs])
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    return seen
+
+
+@pytest.mark.parametrize("bits,width", [(8, 128), (7, 64), (5, 20)])
+def test_thermometer_every_value(bits, width):
+    value = Signal(bits)
+    got = _simulate_comb(lambda m: ([value], [_thermometer(m, value, width, "t")]),
+                         [(v,) for v in range(1 << bits)])
+    assert [g[0] for g in got] == [(1 << min(v, width)) - 1 for v in range(1 << bits)]
+
+
+def test_implicit_flags_match_the_slot_formula():
+    """Bit i of flag word w of a row-major tile with 2**k physical columns and a rows x cols
+    valid region: slot s = 64 w + i is defined when s >> k < rows and s & (2**k - 1) < cols."""
+    word, pc_log = Signal(10), Signal(5)
+    rows, cols = Signal(16), Signal(16)
+
+    def build(m):
+        pc_mask = Signal(16)
+        m.d.comb += pc_mask.eq((Const(1, 16) << pc_log) - 1)
+        rows_room, cols_room = _implicit_rooms(word, pc_log, pc_mask, rows, cols)
+        r, c = Signal(7), Signal(7)
+        m.d.comb += [r.eq(rows_room), c.eq(cols_room)]
+        return [word, pc_log, rows, cols], [_implicit_word(m, r, c, pc_log, "w")]
+
+    rng = np.random.default_rng(14)
+    cases = []
+    for k in range(0, 10):
+        for _ in range(40):
+            pc = 1 << k
+            r, c = int(rng.integers(0, 70)), int(rng.integers(0, pc + 1))
+            last = max(1, (r * pc + 63) // 64)
+            cases.append((int(rng.integers(0, last + 2)), k, r, c))
+        cases += [(0, k, 1, 1 << k), (0, k, 0, 1 << k), (3, k, 70, 1)]
+    got = _simulate_comb(build, cases)
+    for (w, k, r, c), (flags,) in zip(cases, got):
+        expected = sum(1 << i for i in range(64)
+                       if ((64 * w + i) >> k) < r and ((64 * w + i) & ((1 << k) - 1)) < c)
+        assert flags == expected, (w, k, r, c)
