@@ -79,6 +79,8 @@ def add_build_arguments(parser):
     parser.add_argument("--design", choices=SELFTEST_DESIGNS,
                         help="what the self-test checks: the whole unit, or the preset's "
                              "systolic array alone (default: the board's; icebreaker: array)")
+    parser.add_argument("--timeout", type=float, metavar="MINUTES",
+                        help="stop the tools after this long and fail (default: no limit)")
     parser.add_argument("--force", action="store_true",
                         help="build --design unit even where the unit does not fit the "
                              "board's FPGA")
@@ -90,6 +92,7 @@ def run_build(args) -> int:
     ``--force``)."""
     from . import array_selftest, selftest
     from .boards import BoardTop, build_bitstream
+    from .pnr import ToolError
     brd = board(args.board)
     name = args.preset or brd.preset
     design_name = args.design or brd.design
@@ -110,8 +113,13 @@ def run_build(args) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    result = build_bitstream(brd, top, out, seed=args.seed, router=args.router,
-                             design=design_name)
+    try:
+        result = build_bitstream(brd, top, out, seed=args.seed, router=args.router,
+                                 design=design_name,
+                                 timeout=args.timeout * 60 if args.timeout else None)
+    except ToolError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(f"{brd.description}, preset {name}, {design_name} self-test at "
           f"{clk_hz / 1e6:g} MHz: {result.bitstream} "
           f"({result.bitstream.stat().st_size} bytes, {result.seconds:.1f} s)")

@@ -7,6 +7,7 @@ Default tests use designs that route in seconds; whole-unit and ECP5 preset buil
 import argparse
 import json
 import re
+import subprocess
 
 import pytest
 from amaranth.hdl import Module, Signal
@@ -109,34 +110,40 @@ def test_verilog_file_input(tmp_path):
     assert r.ff == 22 and r.timing_met
 
 
-@pytest.mark.parametrize("name", ["icebreaker", "ulx3s-85f",
-                                  pytest.param("ecpix5-85", marks=pytest.mark.slow)])
-def test_selftest_board_flow(name, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("name,design", [
+    ("icebreaker", None), ("ulx3s-85f", "unit"),
+    pytest.param("ecpix5-85", "unit", marks=pytest.mark.slow),
+    pytest.param("ulx3s-85f", None, marks=pytest.mark.slow),
+    pytest.param("ecpix5-85", None, marks=pytest.mark.slow)])
+def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
     # `ptocube build`: the board top, SelfTest, its player and UART through the whole bitstream
-    # flow. The iCEBreaker builds its own design, the array self-test of ice40-tiny (F21), from
-    # scratch; the ECP5 boards, whose design is the whole unit, build it around the GPR-file
-    # stand-in unit (the real unit's builds are the slow tests below).
+    # flow. Every board's default design is the array self-test (F21, F25), built from scratch
+    # (the iCEBreaker's ice40-tiny array here, the ECP5 boards' 8 x 8 ecp5-int8 array in the
+    # slow runs); `--design unit` goes through the flow around the GPR-file stand-in unit (the
+    # real unit's builds are the slow tests below).
     brd = board(name)
-    if brd.design == "unit":
+    design = design or brd.design
+    if design == "unit":
         def stand_in(config, *, clk_hz, baud):
             return SelfTest(GprUnit(), gpr_program(), clk_hz=clk_hz, baud=baud,
                             status_mask=STATUS_MASK)
         monkeypatch.setattr(selftest, "unit_selftest", stand_in)
-    assert _cli("build", "--board", name, "--out", str(tmp_path)) == 0
+    assert _cli("build", "--board", name, "--out", str(tmp_path), "--design", design) == 0
     out = capsys.readouterr().out
-    assert f"{tmp_path / brd.bitstream}" in out and f"{brd.design} self-test" in out
+    assert f"{tmp_path / brd.bitstream}" in out and f"{design} self-test" in out
     assert (tmp_path / brd.bitstream).stat().st_size > 100_000
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["board"] == name and summary["design"] == brd.design
+    assert summary["board"] == name and summary["design"] == design
     assert summary["timing_met"]
     (achieved, constraint), = [(v["achieved_mhz"], v["constraint_mhz"])
                                for v in summary["fmax"].values()]
     # The ECP5 boards run the self-test from a PLL: nextpnr derives its output's constraint.
     assert constraint == pytest.approx(brd.unit_hz() / 1e6, rel=1e-4) and achieved >= constraint
-    if name == "icebreaker":
-        # The real systolic array: its four SB_MAC16 and the 12 MHz board clock.
-        assert brd.design == "array" and summary["dsp"] == 4
-    else:
+    if design == "array":
+        # The real systolic array: one DSP per PE (SB_MAC16 / MULT18X18D).
+        config = preset(brd.preset)
+        assert summary["dsp"] == config.rows * config.cols
+    if name != "icebreaker":
         # The PLL domain's reset goes through its DCCA onto a global network (F23).
         log = (tmp_path / "top.tim").read_text()
         assert re.search(r"routing clock net \S*pll\.rst using global [0-7]\b", log), log[-2000:]
@@ -164,7 +171,23 @@ def test_cli_build_design_choice(monkeypatch, capsys):
     cli.add_build_arguments(parser)
     args = parser.parse_args(["--board", "icebreaker", "--force"])
     assert args.force and args.design is None          # the board's design: the array
-    assert [b.design for b in BOARDS.values()] == ["array", "unit", "unit"]
+    assert [b.design for b in BOARDS.values()] == ["array", "array", "array"]
+    # The unit fits the ECP5 boards (it does not route yet, F25): asked for, it is built.
+    assert [b.unit_fits for b in BOARDS.values()] == [False, True, True]
+    with pytest.raises(Asked):
+        _cli("build", "--board", "ulx3s-85f", "--design", "unit")
+
+
+def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
+    # A build that outlasts --timeout stops its tools and fails with a message.
+    popen = subprocess.Popen
+
+    def slow_script(cmd, **kwargs):
+        return popen(["sleep", "30"], **{k: v for k, v in kwargs.items() if k != "cwd"})
+    monkeypatch.setattr(boards.subprocess, "Popen", slow_script)
+    assert _cli("build", "--board", "icebreaker", "--out", str(tmp_path),
+                "--timeout", "0.01") == 1
+    assert "did not finish within 0.6 s" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("in_mhz", [12, 25, 48, 100])
@@ -242,7 +265,8 @@ def test_boards_known():
 def test_cli_build_unit_selftest(name, tmp_path, capsys):
     # The board's default preset: the whole unit's self-test bitstream, meeting the board clock.
     # (The iCEBreaker's default is the array self-test, test_selftest_board_flow above.)
-    assert _cli("build", "--board", name, "--out", str(tmp_path), "--router", "router2"
+    assert _cli("build", "--board", name, "--out", str(tmp_path), "--design", "unit",
+                "--timeout", "180", "--router", "router2"
                 if board(name).device.family == "ecp5" else "router1") == 0
     assert (tmp_path / board(name).bitstream).stat().st_size > 100_000
     summary = json.loads((tmp_path / "summary.json").read_text())

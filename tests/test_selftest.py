@@ -249,11 +249,9 @@ def test_selftest_cube_unit_detects_a_corrupted_word():
     assert r["text"] == message_text(False, word_at)
 
 
-@pytest.mark.parametrize("name", [
-    "ecp5-int4", pytest.param("ecp5-int8", marks=pytest.mark.slow),
-    pytest.param("ecp5-full", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ecp5-int8", "ecp5-full"])
 def test_selftest_cube_unit_passes_on_the_ecp5_presets(name):
-    # ecp5-int4: the ECP5 boards' bitstream design (F25), so it runs in every `make test`;
     # ecp5-int8: the S8 chain on an 8 x 8 array; ecp5-full: the S8, FP16 and MX bundles on a
     # 2 x 2 array with every type class.
     dut, r = _unit_run(config=preset(name), max_cycles=40_000)
