@@ -111,7 +111,7 @@ BOARDS = {b.name: b for b in [
     Board("icebreaker", ICEBreakerPlatform, DEVICES["iCE40UP5K-SG48"], "ice40-tiny",
           _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)",
           design="array", unit_fits=False),
-    # The whole ecp5-int8 unit fits the ECP5-85F (77 %) but nextpnr does not route it yet
+    # The whole ecp5-int8 unit fits the ECP5-85F (73 %) but nextpnr does not route it yet
     # (docs/fpga.md, session 7), so these boards build the array self-test by default (F25).
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
@@ -225,18 +225,17 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True)
     try:
-        stdout, stderr = script.communicate(timeout=timeout)
+        _, stderr = script.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(script.pid, signal.SIGKILL)
         script.communicate()
         raise ToolError(f"{brd.name} build did not finish within {timeout:g} s (logs in "
                         f"{out})") from None
-    done = subprocess.CompletedProcess(script.args, script.returncode, stdout, stderr)
-    if done.returncode != 0:
+    if script.returncode != 0:
         logs = [out / "top.tim", out / "top.rpt"]
         text = next((p.read_text() for p in logs if p.exists() and p.stat().st_size), "")
-        tail = "\n".join((text or done.stderr).splitlines()[-15:])
-        raise ToolError(f"{brd.name} build failed (exit {done.returncode}):\n{tail}")
+        tail = "\n".join((text or stderr).splitlines()[-15:])
+        raise ToolError(f"{brd.name} build failed (exit {script.returncode}):\n{tail}")
     figures = result_from_files(brd.device, out / "top.stat.json", out / "top.report.json",
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,

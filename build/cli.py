@@ -78,7 +78,8 @@ def add_build_arguments(parser):
                              "docs/fpga.md)")
     parser.add_argument("--design", choices=SELFTEST_DESIGNS,
                         help="what the self-test checks: the whole unit, or the preset's "
-                             "systolic array alone (default: the board's; icebreaker: array)")
+                             "systolic array alone (default: the board's, for now the array "
+                             "on every board)")
     parser.add_argument("--timeout", type=float, metavar="MINUTES",
                         help="stop the tools after this long and fail (default: no limit)")
     parser.add_argument("--force", action="store_true",

@@ -114,8 +114,7 @@ def _thermometer(m: Module, value, width: int, name: str) -> Signal:
 
     Built from two small decodes, the value's high part against each 8-bit group and its low
     3 bits within a group, so each bit is one LUT of three shared signals.  Per-bit ``<``
-    compares would each become a carry chain reading the whole value: 128 of them packed
-    beside the occupancy bitmaps were where the tile store did not route (decision T14).
+    compares would each become a carry chain reading the whole value (decision T14).
     """
     value = Value.cast(value)
     groups = -(-width // 8)
