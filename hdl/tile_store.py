@@ -202,9 +202,13 @@ class TileStore(wiring.Component):
     plan : In(PlanLayout(config)), flags : In(5)
         The approved plan (PLACE, PUBLISH, ABORT) and the numeric flags to publish.
     out_base : Out, per PE per plan output, the placed base CELL (valid after PLACE).
-    src_desc, src_fm : Out, per PE: the SOURCE register's descriptor and feature-map
-        descriptor, latched during PLACE and held until the next PLACE (for
-        :func:`~ptocube.hdl.preflight.img2col_job`).
+    src_desc : Out, per PE: the SOURCE register's descriptor, latched during PLACE and held
+        until the next PLACE (for :func:`~ptocube.hdl.preflight.img2col_job`).
+    src_load : In(1), src_pe : In(2), src_fm : Out(FEATURE_MAP_DESCRIPTOR)
+        The feature-map descriptor of PE ``src_pe``'s SOURCE register (the plan's operand
+        9): read while the store is idle and ``src_load`` is high, shown on ``src_fm`` from
+        the next cycle and held until the store's next feature-map read (``src_load`` again
+        or a host command).  One copy for the one PE job at a time (decision T15).
     tile_capacity : Out(32) - the system register.
     status_flags : Out(5) - the sticky numeric flags.
     idle : Out(1) - no host command or request in progress.
@@ -237,7 +241,9 @@ class TileStore(wiring.Component):
             "flags": In(5),
             "out_base": Out(data.ArrayLayout(data.ArrayLayout(self.cw, 3), PE_COUNT)),
             "src_desc": Out(data.ArrayLayout(TileDescLayout, PE_COUNT)),
-            "src_fm": Out(data.ArrayLayout(FEATURE_MAP_DESCRIPTOR, PE_COUNT)),
+            "src_load": In(1),
+            "src_pe": In(2),
+            "src_fm": Out(FEATURE_MAP_DESCRIPTOR),
             "tile_capacity": Out(32, init=CORE_TILE_CAPACITY_BYTES),
             "status_flags": Out(5),
             "idle": Out(1),
@@ -361,17 +367,17 @@ class TileStore(wiring.Component):
             for j in range(3):
                 m.d.comb += self.out_base[p][j].eq(bases[p][j])
         src_entry = Array(Signal(self.local_entry, name=f"src_entry{p}") for p in range(PE_COUNT))
-        src_fm = Array(Signal(FEATURE_MAP_DESCRIPTOR, name=f"src_fm{p}") for p in range(PE_COUNT))
         for p in range(PE_COUNT):
-            m.d.comb += [self.src_desc[p].eq(src_entry[p].desc), self.src_fm[p].eq(src_fm[p])]
+            m.d.comb += self.src_desc[p].eq(src_entry[p].desc)
+        # The block RAM's output register is the one copy of the feature map (T15).
+        m.d.comb += self.src_fm.eq(fm_rd.data)
         src_latch = Signal()                    # the read registers hold PE src_pe's source
         src_pe = Signal(2)
         # log2 of each source's physical columns, for its implicit flags (T5, T13).
         src_pc_log = Array(Signal(5, name=f"src_pc_log{p}") for p in range(PE_COUNT))
         m.d.sync += src_latch.eq(0)
         with m.If(src_latch):
-            m.d.sync += [src_entry[src_pe].eq(l_rd.data), src_fm[src_pe].eq(fm_rd.data),
-                         src_pc_log[src_pe].eq(0)]
+            m.d.sync += [src_entry[src_pe].eq(l_rd.data), src_pc_log[src_pe].eq(0)]
             for b in range(16):
                 with m.If(l_rd.data.desc.phys_cols == (1 << b)):
                     m.d.sync += src_pc_log[src_pe].eq(b)
@@ -573,6 +579,8 @@ class TileStore(wiring.Component):
                             m.next = "PUBLISH"
                         with m.Case(StoreOp.ABORT):
                             m.next = "FREE_PLACED"
+                with m.Elif(self.src_load):
+                    read_fm(Cat(plan.operands[9].index[:6], self.src_pe))
                 with m.Elif(host_go):
                     m.d.comb += self.host_cmd.ready.eq(1)
                     m.d.sync += cmd.eq(self.host_cmd.payload)
@@ -870,11 +878,10 @@ class TileStore(wiring.Component):
 
             # ---- placement of an approved plan ---------------------------------------
             with m.State("PLACE_SRC"):
-                # Read each PE's SOURCE register and feature map (the TIMG2COL jobs); they
-                # are latched a cycle later, the last one in the first cycle of PLACE_NEXT.
+                # Read each PE's SOURCE register (the TIMG2COL jobs); they are latched a
+                # cycle later, the last one in the first cycle of PLACE_NEXT.
                 m.d.comb += busy.eq(1)
-                src = Cat(plan.operands[9].index[:6], walk_pe)
-                read_local(src), read_fm(src)
+                read_local(Cat(plan.operands[9].index[:6], walk_pe))
                 m.d.sync += [src_latch.eq(1), src_pe.eq(walk_pe), walk_pe.eq(walk_pe + 1)]
                 with m.If(walk_pe == PE_COUNT - 1):
                     m.d.sync += walk_pe.eq(0)

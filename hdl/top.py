@@ -133,7 +133,7 @@ class CubeUnit(wiring.Component):
                              eng.src_rsp.valid.eq(port.src_rsp.valid),
                              eng.src_rsp.payload.eq(port.src_rsp.payload),
                              eng.dst.ready.eq(port.dst.ready)]
-        job = img2col_job(m, plan=pf.plan, desc=st.src_desc[cur], fm=st.src_fm[cur],
+        job = img2col_job(m, plan=pf.plan, desc=st.src_desc[cur], fm=st.src_fm,
                           tile_capacity=st.tile_capacity, config=cfg)
         m.d.comb += eng.job.payload.eq(job)
 
@@ -243,15 +243,19 @@ class CubeUnit(wiring.Component):
                         report(StatusOutcome.FAULT, FaultClass.TILE_ALLOCATION, boundary)
                         m.next = "IDLE"
             with m.State("IMG2COL"):
-                # One job per selected PE, PE0 first (decision T10).
-                m.d.comb += self.phase.eq(2)
-                started = Signal()
-                with m.If(~started):
+                # One job per selected PE, PE0 first (decision T10).  The store reads the
+                # PE's feature map first (one cycle, decision T15).
+                m.d.comb += [self.phase.eq(2), st.src_pe.eq(cur)]
+                loaded, started = Signal(), Signal()
+                with m.If(~loaded):
+                    m.d.comb += st.src_load.eq(1)
+                    m.d.sync += loaded.eq(1)
+                with m.Elif(~started):
                     m.d.comb += eng.job.valid.eq(1)
                     with m.If(eng.job.ready):
                         m.d.sync += started.eq(1)
                 with m.If(eng.done):
-                    m.d.sync += [started.eq(0), todo.eq(rest), cur.eq(next_pe)]
+                    m.d.sync += [loaded.eq(0), started.eq(0), todo.eq(rest), cur.eq(next_pe)]
                     # The engine reports only the class, and every PE's class is the model's
                     # (the destination check is PE-independent): the first fault decides,
                     # and the remaining jobs would be discarded anyway.

@@ -179,7 +179,8 @@ async def _engine_lookups(ctx, store):
 
 async def _place_source(ctx, store, index):
     """PLACE a plan with no outputs whose TIMG2COL source is ``index``: the latched
-    ``src_desc``/``src_fm`` of every PE."""
+    ``src_desc`` of every PE, with the ``src_fm`` loaded for it (PE3 first, so a load
+    that does not happen shows), checked to hold for a few cycles."""
     ctx.set(store.plan.operands[9].index, index)
     for j in range(3):
         ctx.set(store.plan.outputs[j].role, OutputRole.NONE)
@@ -187,8 +188,19 @@ async def _place_source(ctx, store, index):
     ctx.set(store.req_valid, 1)
     while not (await ctx.tick().sample(store.req_done))[2]:
         ctx.set(store.req_valid, 0)
-    return [(ctx.get(Value.cast(store.src_desc[p])), ctx.get(Value.cast(store.src_fm[p])))
-            for p in range(4)]
+    sources = {}
+    for p in reversed(range(4)):
+        ctx.set(store.src_pe, p)
+        ctx.set(store.src_load, 1)
+        await ctx.tick()
+        ctx.set(store.src_load, 0)
+        ctx.set(store.src_pe, (p + 1) % 4)
+        fm = ctx.get(Value.cast(store.src_fm))
+        for _ in range(3):
+            await ctx.tick()
+            assert ctx.get(Value.cast(store.src_fm)) == fm, (index, p)
+        sources[p] = (ctx.get(Value.cast(store.src_desc[p])), fm)
+    return [sources[p] for p in range(4)]
 
 
 def _tiles():
@@ -269,8 +281,9 @@ def test_engine_descriptor_lookups(loaded):
 
 
 def test_place_latches_every_source(loaded):
-    """PLACE latches each PE's TIMG2COL source register and feature map (read one cycle
-    after the address, the last one after the walk left the state)."""
+    """PLACE latches each PE's TIMG2COL source register (read one cycle after the address,
+    the last one after the walk left the state); ``src_load`` then shows each PE's feature
+    map."""
     for index, per_pe in loaded["place_src"].items():
         for pe, (desc, fm) in enumerate(per_pe):
             tile = STATE.tile(pe, index)
