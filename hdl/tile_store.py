@@ -6,8 +6,9 @@ every agent that touches it:
 * the preflight's read ports (``tile_rd``, ``shared_rd``, ``word_rd``, ``gpr_rd``, latency 1)
   and its allocation inputs (``alloc``), and the decoder's combinational GPR port;
 * the CUBE engine's :class:`~ptocube.hdl.tile_port.TilePortSignature` (``engine``);
-* one element port per PE for the TIMG2COL engines (``i2c``: the engine's ``src_req``,
-  ``src_rsp`` and ``dst`` streams, addressed in elements of the source / destination);
+* the TIMG2COL engine's element port (``i2c``: the engine's ``src_req``, ``src_rsp`` and
+  ``dst`` streams, addressed in elements of the source / destination), on the memories of
+  the PE whose job runs (``src_load``, decision T15);
 * the host port (``host_cmd`` / ``host_rsp``, :mod:`ptocube.hdl.host`);
 * the top level's sequencing requests (``req``): PLACE the outputs of the approved plan,
   PUBLISH them, or ABORT (free the placement).
@@ -35,6 +36,8 @@ the sequencer (host commands, placement, publication).  In normal operation they
 active together: host commands are only taken while ``host_enable`` (the unit is idle), the
 preflight reads only while checking, the engines run only between PLACE and PUBLISH/ABORT.
 """
+
+from typing import NamedTuple
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, enum, stream, wiring
@@ -171,6 +174,14 @@ def _entry_layout(desc_layout, config):
                               "undef": UNDEFINED_WIDTH, "synth": 1})
 
 
+class _ElementSource(NamedTuple):
+    """The registers of the running TIMG2COL job's element port (decision T15)."""
+    pe: Signal          # the PE whose memories the port reads and writes
+    entry: Signal       # its SOURCE register's Local entry
+    pc_log: Signal      # log2 of the source's physical columns (implicit flags, T5)
+    dst_base: Signal    # the base CELL of its placed output
+
+
 def _log2_bytes(dtype):
     """log2 of the element bytes of a TIMG2COL DataType code (8/16/32-bit types)."""
     wide = [t.value for t in DataType if t.bits == 32]
@@ -193,8 +204,9 @@ class TileStore(wiring.Component):
     engine : In(TilePortSignature(config))
         The CUBE engine's port: descriptor lookups answer after 2 cycles, payload reads
         after 1.  ``mem_wr`` is always ready.
-    i2c : In(ArrayLayout of ElementPortSignature) - one element port per PE: the PE's
-        TIMG2COL source register (``plan`` SOURCE operand) and placed output.
+    i2c : In(ElementPortSignature)
+        The TIMG2COL element port of the running job: the SOURCE register and the placed
+        output of the PE whose source ``src_load`` read last (decision T15).
     host_cmd, host_rsp : the host port; ``host_enable`` gates it (the unit is idle).
     req : In(StoreOp), req_valid : In(1), req_done : Out(1), req_ok : Out(1)
         Sequencing: a request is taken when the store is idle; ``req_done`` strobes when it
@@ -202,13 +214,14 @@ class TileStore(wiring.Component):
     plan : In(PlanLayout(config)), flags : In(5)
         The approved plan (PLACE, PUBLISH, ABORT) and the numeric flags to publish.
     out_base : Out, per PE per plan output, the placed base CELL (valid after PLACE).
-    src_desc : Out, per PE: the SOURCE register's descriptor, latched during PLACE and held
-        until the next PLACE (for :func:`~ptocube.hdl.preflight.img2col_job`).
-    src_load : In(1), src_pe : In(2), src_fm : Out(FEATURE_MAP_DESCRIPTOR)
-        The feature-map descriptor of PE ``src_pe``'s SOURCE register (the plan's operand
-        9): read while the store is idle and ``src_load`` is high, shown on ``src_fm`` from
-        the next cycle and held until the store's next feature-map read (``src_load`` again
-        or a host command).  One copy for the one PE job at a time (decision T15).
+    src_load : In(1), src_pe : In(2)
+        The start of a TIMG2COL job (decision T15): while the store is idle and ``src_load``
+        is high, it reads PE ``src_pe``'s SOURCE register (the plan's operand 9) and its
+        feature map, and serves that PE on ``i2c``.
+    src_desc : Out(TileDescLayout), src_fm : Out(FEATURE_MAP_DESCRIPTOR)
+        That source's descriptor and feature-map descriptor (for
+        :func:`~ptocube.hdl.preflight.img2col_job`), from the cycle after ``src_load`` until
+        the store's next read of those memories (a host command, a request, ``src_load``).
     tile_capacity : Out(32) - the system register.
     status_flags : Out(5) - the sticky numeric flags.
     idle : Out(1) - no host command or request in progress.
@@ -229,7 +242,7 @@ class TileStore(wiring.Component):
             "gpr_index": In(5),
             "gpr_value": Out(16),
             "engine": In(TilePortSignature(config)),
-            "i2c": In(ElementPortSignature(config)).array(PE_COUNT),
+            "i2c": In(ElementPortSignature(config)),
             "host_cmd": In(stream.Signature(HostCommandLayout)),
             "host_rsp": Out(stream.Signature(HostResponseLayout)),
             "host_enable": In(1),
@@ -240,9 +253,9 @@ class TileStore(wiring.Component):
             "plan": In(PlanLayout(config)),
             "flags": In(5),
             "out_base": Out(data.ArrayLayout(data.ArrayLayout(self.cw, 3), PE_COUNT)),
-            "src_desc": Out(data.ArrayLayout(TileDescLayout, PE_COUNT)),
             "src_load": In(1),
             "src_pe": In(2),
+            "src_desc": Out(TileDescLayout),
             "src_fm": Out(FEATURE_MAP_DESCRIPTOR),
             "tile_capacity": Out(32, init=CORE_TILE_CAPACITY_BYTES),
             "status_flags": Out(5),
@@ -366,21 +379,22 @@ class TileStore(wiring.Component):
         for p in range(PE_COUNT):
             for j in range(3):
                 m.d.comb += self.out_base[p][j].eq(bases[p][j])
-        src_entry = Array(Signal(self.local_entry, name=f"src_entry{p}") for p in range(PE_COUNT))
-        for p in range(PE_COUNT):
-            m.d.comb += self.src_desc[p].eq(src_entry[p].desc)
-        # The block RAM's output register is the one copy of the feature map (T15).
-        m.d.comb += self.src_fm.eq(fm_rd.data)
+        # The running TIMG2COL job's source (T15): the block RAMs' read registers hold the
+        # entry and feature map that ``src_load`` read, for the job's formation; the element
+        # port works from a copy of the entry made a cycle later, with the PE, its placed
+        # output's base and log2 of the source's physical columns (implicit flags, T5).
+        m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_rd.data)]
         src_latch = Signal()                    # the read registers hold PE src_pe's source
-        src_pe = Signal(2)
-        # log2 of each source's physical columns, for its implicit flags (T5, T13).
-        src_pc_log = Array(Signal(5, name=f"src_pc_log{p}") for p in range(PE_COUNT))
+        src = _ElementSource(
+            pe=Signal(2, name="src_pe"), entry=Signal(self.local_entry, name="src_entry"),
+            pc_log=Signal(5, name="src_pc_log"), dst_base=Signal(cw, name="src_dst_base"))
         m.d.sync += src_latch.eq(0)
         with m.If(src_latch):
-            m.d.sync += [src_entry[src_pe].eq(l_rd.data), src_pc_log[src_pe].eq(0)]
+            m.d.sync += [src.entry.eq(l_rd.data), src.pc_log.eq(0),
+                         src.dst_base.eq(bases[src.pe][0])]
             for b in range(16):
                 with m.If(l_rd.data.desc.phys_cols == (1 << b)):
-                    m.d.sync += src_pc_log[src_pe].eq(b)
+                    m.d.sync += src.pc_log.eq(b)
 
         plan = self.plan
         outs = plan.outputs
@@ -574,13 +588,15 @@ class TileStore(wiring.Component):
                     with m.Switch(self.req):
                         with m.Case(StoreOp.PLACE):
                             m.d.sync += placed.eq(0)
-                            m.next = "PLACE_SRC"
+                            m.next = "PLACE_NEXT"
                         with m.Case(StoreOp.PUBLISH):
                             m.next = "PUBLISH"
                         with m.Case(StoreOp.ABORT):
                             m.next = "FREE_PLACED"
                 with m.Elif(self.src_load):
-                    read_fm(Cat(plan.operands[9].index[:6], self.src_pe))
+                    source = Cat(plan.operands[9].index[:6], self.src_pe)
+                    read_local(source), read_fm(source)
+                    m.d.sync += [src_latch.eq(1), src.pe.eq(self.src_pe)]
                 with m.Elif(host_go):
                     m.d.comb += self.host_cmd.ready.eq(1)
                     m.d.sync += cmd.eq(self.host_cmd.payload)
@@ -877,16 +893,6 @@ class TileStore(wiring.Component):
                     m.next = "IDLE"
 
             # ---- placement of an approved plan ---------------------------------------
-            with m.State("PLACE_SRC"):
-                # Read each PE's SOURCE register (the TIMG2COL jobs); they are latched a
-                # cycle later, the last one in the first cycle of PLACE_NEXT.
-                m.d.comb += busy.eq(1)
-                read_local(Cat(plan.operands[9].index[:6], walk_pe))
-                m.d.sync += [src_latch.eq(1), src_pe.eq(walk_pe), walk_pe.eq(walk_pe + 1)]
-                with m.If(walk_pe == PE_COUNT - 1):
-                    m.d.sync += walk_pe.eq(0)
-                    m.next = "PLACE_NEXT"
-
             with m.State("PLACE_NEXT"):
                 m.d.comb += busy.eq(1)
                 with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
@@ -965,7 +971,7 @@ class TileStore(wiring.Component):
                 with m.If(wd.pe == p):
                     read(p, (l_rd.data.base << 4) + wd.addr)
         self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, busy)
-        self._element_ports(m, pay_rd, pay_wr, flg_rd, src_entry, src_pc_log, bases)
+        self._element_port(m, pay_rd, pay_wr, flg_rd, src)
         return m
 
     @staticmethod
@@ -1036,47 +1042,52 @@ class TileStore(wiring.Component):
                 with m.If(w.space == MemSpace(s)):
                     m.d.comb += [port.en.eq(w.mask), port.addr.eq(w.addr), port.data.eq(w.data)]
 
-    def _element_ports(self, m, pay_rd, pay_wr, flg_rd, src_entry, src_pc_log, bases):
-        """Per PE: TIMG2COL source element reads and destination element writes."""
+    def _element_port(self, m, pay_rd, pay_wr, flg_rd, src):
+        """The running TIMG2COL job's source element reads and destination element writes,
+        on the memories of PE ``src.pe``."""
         # log2 of the element bytes, registered: the plan is held from PLACE to PUBLISH or
         # ABORT, and elements move only in between (decision T13).
         shift = Signal(2)
         m.d.sync += shift.eq(_log2_bytes(self.plan.a_type))
-        ww = self.ww
+        ww, port = self.ww, self.i2c
+        desc, src_base, synth = src.entry.desc, src.entry.base, src.entry.synth
+        rsp_valid = Signal(name="i2c_rsp_valid")
+        byte = Signal(8, name="i2c_byte")
+        index = Signal(port.src_req.payload.shape(), name="i2c_index")
+        m.d.comb += port.src_req.ready.eq(~rsp_valid | port.src_rsp.ready)
+        with m.If(port.src_rsp.ready):
+            m.d.sync += rsp_valid.eq(0)
+        addr = (src_base << 7) + (port.src_req.payload << shift)
+        # A published source's flag (its valid region) is computed with the request and
+        # registered, beside the memory reads (decision T13).
+        q = port.src_req.payload
+        implicit = Signal(name="i2c_implicit")
+        take = port.src_req.valid & port.src_req.ready
+        with m.If(take):
+            m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(q),
+                         implicit.eq(((q >> src.pc_log) < desc.valid_rows)
+                                     & ((q & (desc.phys_cols - 1)) < desc.valid_cols))]
+        pay_data = Array(pay_rd[p].data for p in range(PE_COUNT))[src.pe]
+        flg_data = Array(flg_rd[p].data for p in range(PE_COUNT))[src.pe]
+        m.d.comb += [
+            port.src_rsp.valid.eq(rsp_valid),
+            port.src_rsp.payload.data.eq(pay_data >> (byte << 3)),
+            port.src_rsp.payload.defined.eq(
+                Mux(synth, implicit, flg_data.bit_select(index[:6], 1))),
+        ]
+        # Destination writes into the placed output (entry 0), always accepted.
+        m.d.comb += port.dst.ready.eq(1)
+        w = port.dst.payload
+        daddr = (src.dst_base << 7) + (w.addr << shift)
+        lane = daddr[:3]
+        width_mask = Mux(shift == 2, 0xF, Mux(shift == 1, 0x3, 0x1))
         for p in range(PE_COUNT):
-            port = self.i2c[p]
-            desc, src_base, synth = src_entry[p].desc, src_entry[p].base, src_entry[p].synth
-            rsp_valid = Signal(name=f"i2c{p}_rsp_valid")
-            byte = Signal(8, name=f"i2c{p}_byte")
-            index = Signal(port.src_req.payload.shape(), name=f"i2c{p}_index")
-            m.d.comb += port.src_req.ready.eq(~rsp_valid | port.src_rsp.ready)
-            with m.If(port.src_rsp.ready):
-                m.d.sync += rsp_valid.eq(0)
-            addr = (src_base << 7) + (port.src_req.payload << shift)
-            # A published source's flag (its valid region) is computed with the request and
-            # registered, beside the memory reads (decision T13).
-            q = port.src_req.payload
-            implicit = Signal(name=f"i2c{p}_implicit")
-            with m.If(port.src_req.valid & port.src_req.ready):
-                m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(q),
-                             implicit.eq(((q >> src_pc_log[p]) < desc.valid_rows)
-                                         & ((q & (desc.phys_cols - 1)) < desc.valid_cols))]
-                m.d.comb += [pay_rd[p].en.eq(1), pay_rd[p].addr.eq(addr[3:3 + ww]),
-                             flg_rd[p].en.eq(1),
-                             flg_rd[p].addr.eq((src_base << 2) + (q >> 6))]
-            m.d.comb += [
-                port.src_rsp.valid.eq(rsp_valid),
-                port.src_rsp.payload.data.eq(pay_rd[p].data >> (byte << 3)),
-                port.src_rsp.payload.defined.eq(
-                    Mux(synth, implicit, flg_rd[p].data.bit_select(index[:6], 1))),
-            ]
-            # Destination writes into the placed output (entry 0), always accepted.
-            m.d.comb += port.dst.ready.eq(1)
-            with m.If(port.dst.valid):
-                w = port.dst.payload
-                daddr = (bases[p][0] << 7) + (w.addr << shift)
-                lane = daddr[:3]
-                width_mask = Mux(shift == 2, 0xF, Mux(shift == 1, 0x3, 0x1))
-                m.d.comb += [pay_wr[p].en.eq((width_mask << lane)[:8]),
-                             pay_wr[p].addr.eq(daddr[3:3 + ww]),
-                             pay_wr[p].data.eq((w.data << (lane << 3))[:64])]
+            with m.If(src.pe == p):
+                with m.If(take):
+                    m.d.comb += [pay_rd[p].en.eq(1), pay_rd[p].addr.eq(addr[3:3 + ww]),
+                                 flg_rd[p].en.eq(1),
+                                 flg_rd[p].addr.eq((src_base << 2) + (q >> 6))]
+                with m.If(port.dst.valid):
+                    m.d.comb += [pay_wr[p].en.eq((width_mask << lane)[:8]),
+                                 pay_wr[p].addr.eq(daddr[3:3 + ww]),
+                                 pay_wr[p].data.eq((w.data << (lane << 3))[:64])]

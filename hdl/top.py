@@ -4,7 +4,7 @@
 commands (:mod:`ptocube.hdl.host`), and reports one ``status`` item per bundle::
 
     parcels ─► BundleDecoder ─► Preflight ─► place ─► engines ─► publish / abort ─► status
-                     ▲  GPR         ▲ read ports      │ TilePort / element ports
+                     ▲  GPR         ▲ read ports      │ TilePort / element port
                      └──────────────┴──── TileStore ◄─┘ ◄── host_cmd / host_rsp
 
 A bundle's life (decision T1): the preflight's verdict is taken; a FAULT or NOOP verdict
@@ -119,21 +119,12 @@ class CubeUnit(wiring.Component):
             wiring.connect(m, getattr(pf, name), getattr(st, name))
         m.d.comb += [st.gpr_index.eq(dec.gpr_index), dec.gpr_value.eq(st.gpr_value),
                      st.plan.eq(pf.plan)]
-        # The engine serves the store's element port of the current PE; the other ports see
-        # no requests and no writes (decision T10).
-        for p in range(PE_COUNT):
-            port, here = st.i2c[p], cur == p
-            m.d.comb += [port.src_req.payload.eq(eng.src_req.payload),
-                         port.src_req.valid.eq(eng.src_req.valid & here),
-                         port.src_rsp.ready.eq(eng.src_rsp.ready & here),
-                         port.dst.payload.eq(eng.dst.payload),
-                         port.dst.valid.eq(eng.dst.valid & here)]
-            with m.If(here):
-                m.d.comb += [eng.src_req.ready.eq(port.src_req.ready),
-                             eng.src_rsp.valid.eq(port.src_rsp.valid),
-                             eng.src_rsp.payload.eq(port.src_rsp.payload),
-                             eng.dst.ready.eq(port.dst.ready)]
-        job = img2col_job(m, plan=pf.plan, desc=st.src_desc[cur], fm=st.src_fm,
+        # The engine runs one PE's job at a time on the store's element port, which serves
+        # the PE whose source the store read last (decisions T10, T15).
+        for name in ("src_req", "src_rsp", "dst"):
+            wiring.connect(m, getattr(eng, name), getattr(st.i2c, name))
+        m.d.comb += st.src_pe.eq(cur)
+        job = img2col_job(m, plan=pf.plan, desc=st.src_desc, fm=st.src_fm,
                           tile_capacity=st.tile_capacity, config=cfg)
         m.d.comb += eng.job.payload.eq(job)
 
@@ -244,8 +235,8 @@ class CubeUnit(wiring.Component):
                         m.next = "IDLE"
             with m.State("IMG2COL"):
                 # One job per selected PE, PE0 first (decision T10).  The store reads the
-                # PE's feature map first (one cycle, decision T15).
-                m.d.comb += [self.phase.eq(2), st.src_pe.eq(cur)]
+                # PE's source and feature map first (one cycle, decision T15).
+                m.d.comb += self.phase.eq(2)
                 loaded, started = Signal(), Signal()
                 with m.If(~loaded):
                     m.d.comb += st.src_load.eq(1)

@@ -150,14 +150,14 @@ def loaded():
                        for r in SysReg]
         out["host"] = host
         out["engine_desc"] = await _engine_lookups(ctx, store)
-        out["place_src"] = {index: await _place_source(ctx, store, index)
+        out["sources"] = {index: await _load_sources(ctx, store, index)
                             for index in (_ONLY_PE2, _WITH_FM)}
 
     _run(bench)
     return out
 
 
-#: A TileIndex only PE2 holds (a PE mix-up of the source latch shows) and one with a feature
+#: A TileIndex only PE2 holds (a PE mix-up of the source read shows) and one with a feature
 #: map on every PE.
 _ONLY_PE2 = next(i for i in range(64) if STATE.tile(2, i) is not None
                  and all(STATE.tile(p, i) is None for p in (0, 1, 3)))
@@ -177,10 +177,10 @@ async def _engine_lookups(ctx, store):
     return answers
 
 
-async def _place_source(ctx, store, index):
-    """PLACE a plan with no outputs whose TIMG2COL source is ``index``: the latched
-    ``src_desc`` of every PE, with the ``src_fm`` loaded for it (PE3 first, so a load
-    that does not happen shows), checked to hold for a few cycles."""
+async def _load_sources(ctx, store, index):
+    """PLACE a plan with no outputs whose TIMG2COL source is ``index``, then ``src_load``
+    each PE (PE3 first, so a load that does not happen shows): its ``src_desc`` and
+    ``src_fm``, checked to hold for a few cycles after ``src_pe`` moved on."""
     ctx.set(store.plan.operands[9].index, index)
     for j in range(3):
         ctx.set(store.plan.outputs[j].role, OutputRole.NONE)
@@ -195,11 +195,12 @@ async def _place_source(ctx, store, index):
         await ctx.tick()
         ctx.set(store.src_load, 0)
         ctx.set(store.src_pe, (p + 1) % 4)
-        fm = ctx.get(Value.cast(store.src_fm))
+        source = (ctx.get(Value.cast(store.src_desc)), ctx.get(Value.cast(store.src_fm)))
         for _ in range(3):
             await ctx.tick()
-            assert ctx.get(Value.cast(store.src_fm)) == fm, (index, p)
-        sources[p] = (ctx.get(Value.cast(store.src_desc[p])), fm)
+            assert (ctx.get(Value.cast(store.src_desc)),
+                    ctx.get(Value.cast(store.src_fm))) == source, (index, p)
+        sources[p] = source
     return [sources[p] for p in range(4)]
 
 
@@ -280,19 +281,17 @@ def test_engine_descriptor_lookups(loaded):
     assert not answers[4, 200].allocated                      # not published
 
 
-def test_place_latches_every_source(loaded):
-    """PLACE latches each PE's TIMG2COL source register (read one cycle after the address,
-    the last one after the walk left the state); ``src_load`` then shows each PE's feature
-    map."""
-    for index, per_pe in loaded["place_src"].items():
+def test_src_load_reads_every_source(loaded):
+    """``src_load`` shows each PE's TIMG2COL source register and feature map."""
+    for index, per_pe in loaded["sources"].items():
         for pe, (desc, fm) in enumerate(per_pe):
             tile = STATE.tile(pe, index)
             assert desc == encode_tile(tile), (index, pe)
             expected = 0 if tile is None or tile.feature_map is None else \
                 FEATURE_MAP_DESCRIPTOR.encode(tile.feature_map)
             assert fm == expected, (index, pe)
-    assert any(d for d, _ in loaded["place_src"][_ONLY_PE2])
-    assert all(fm for _, fm in loaded["place_src"][_WITH_FM])
+    assert any(d for d, _ in loaded["sources"][_ONLY_PE2])
+    assert all(fm for _, fm in loaded["sources"][_WITH_FM])
 
 
 def test_payloads_do_not_overlap(loaded):
