@@ -288,8 +288,10 @@ class TileStore(wiring.Component):
 
         lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
         sreg = Memory(shape=self.shared_entry, depth=256, init=[], attrs=_NO_COLLISION)
-        fmr = Memory(shape=FEATURE_MAP_DESCRIPTOR, depth=PE_COUNT * 64, init=[],
-                     attrs=_NO_COLLISION)
+        # The feature maps are stored as FM_PARTS 64-bit parts, each its own write lane, so a
+        # WRITE_FM writes its part without reading the others back (the read-modify-write
+        # through the block RAMs' outputs crowded them, issue #9).
+        fmr = Memory(shape=64 * FM_PARTS, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
         m.submodules.local_regs, m.submodules.shared_regs = lreg, sreg
         m.submodules.fm_regs = fmr
         # One synchronous read port per table, shared by every agent (decision T11): the
@@ -297,7 +299,8 @@ class TileStore(wiring.Component):
         # hold until the next read.
         l_rd, l_wr = _BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
         s_rd, s_wr = _BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
-        fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port()
+        fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port(granularity=64)
+        fm_bits = fm_rd.data[:FEATURE_MAP_DESCRIPTOR.size]
 
         def read_local(addr):
             m.d.comb += [l_rd.en.eq(1), l_rd.addr.eq(addr)]
@@ -383,7 +386,7 @@ class TileStore(wiring.Component):
         # entry and feature map that ``src_load`` read, for the job's formation; the element
         # port works from a copy of the entry made a cycle later, with the PE, its placed
         # output's base and log2 of the source's physical columns (implicit flags, T5).
-        m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_rd.data)]
+        m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_bits)]
         src_latch = Signal()                    # the read registers hold PE src_pe's source
         src = _ElementSource(
             pe=Signal(2, name="src_pe"), entry=Signal(self.local_entry, name="src_entry"),
@@ -529,8 +532,8 @@ class TileStore(wiring.Component):
                 with m.If(pe == q):
                     m.d.sync += held[q].bit_select(index, 1).eq(bit)
 
-        def write_fm(addr, value):
-            m.d.comb += [fm_wr.en.eq(1), fm_wr.addr.eq(addr), fm_wr.data.eq(value)]
+        def clear_fm(addr):
+            m.d.comb += [fm_wr.en.eq(-1), fm_wr.addr.eq(addr), fm_wr.data.eq(0)]
 
         read_space = Signal(3)
         read_flags = Signal()
@@ -635,7 +638,6 @@ class TileStore(wiring.Component):
                     f_rows.eq(le.desc.valid_rows), f_cols.eq(le.desc.valid_cols),
                 ]
                 desc_bits = Mux(is_pe, le.desc.as_value(), se.desc.as_value())
-                fm_bits = fm_rd.data.as_value()
                 with m.Switch(cmd.op):
                     with m.Case(HostOp.READ_DESC):
                         with m.Switch(cmd.addr):
@@ -717,7 +719,7 @@ class TileStore(wiring.Component):
                                 m.d.sync += in_use.eq(in_use - f_bytes)
                                 with m.If(is_pe):
                                     write_local(Cat(idx[:6], space[:2]), 0)
-                                    write_fm(Cat(idx[:6], space[:2]), 0)
+                                    clear_fm(Cat(idx[:6], space[:2]))
                                     set_held(space[:2], idx[:6], 0)
                                     m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]]
                                                                        - f_bytes)
@@ -795,11 +797,9 @@ class TileStore(wiring.Component):
                             with m.Elif(op == HostOp.READ_FM):
                                 reply(f_value)
                             with m.Else():
-                                new_fm = Signal(64 * FM_PARTS)
-                                m.d.comb += new_fm.eq(Cat(fm_bits, Const(0, len(new_fm)
-                                                                         - len(fm_bits))))
-                                m.d.comb += new_fm.word_select(cmd.addr[:3], 64).eq(cmd.data)
-                                write_fm(Cat(idx[:6], space[:2]), new_fm[:len(fm_bits)])
+                                m.d.comb += [fm_wr.en.eq(1 << cmd.addr[:3]),
+                                             fm_wr.addr.eq(Cat(idx[:6], space[:2])),
+                                             fm_wr.data.eq(cmd.data.replicate(FM_PARTS))]
                                 reply(0)
                         with m.Case(HostOp.WRITE_GPR):
                             with m.If((idx == 0) | (idx >= GPR_COUNT)):
@@ -871,7 +871,7 @@ class TileStore(wiring.Component):
                     m.d.comb += [new_local.desc.eq(staged_l), new_local.base.eq(cfg_base),
                                  new_local.undef.eq(undef_init)]
                     write_local(Cat(idx[:6], space[:2]), new_local)
-                    write_fm(Cat(idx[:6], space[:2]), 0)
+                    clear_fm(Cat(idx[:6], space[:2]))
                     set_held(space[:2], idx[:6], 1)
                     m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]] + cfg_bytes)
                 with m.Else():
@@ -946,7 +946,7 @@ class TileStore(wiring.Component):
                         new_local.base.eq(bases[walk_pe][walk_j]), new_local.synth.eq(1),
                     ]
                     write_local(Cat(o.index, walk_pe), new_local)
-                    write_fm(Cat(o.index, walk_pe), 0)
+                    clear_fm(Cat(o.index, walk_pe))
                     nbytes = out_cells[walk_j] << 7
                     set_held(walk_pe, o.index, 1)
                     m.d.sync += [pe_bytes[walk_pe].eq(pe_bytes[walk_pe] + nbytes),

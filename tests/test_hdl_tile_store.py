@@ -6,13 +6,15 @@ model store (``encode_tile``, ``tile_defined``, ...) answers, and every host rea
 what was written.
 """
 
+import random
+
 import numpy as np
 import pytest
 from amaranth.hdl import Const, Module, Signal, Value
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
-from ptocube.hdl.host import (HostCommand, HostError, HostOp, SysReg, build_info,
+from ptocube.hdl.host import (FM_PARTS, HostCommand, HostError, HostOp, SysReg, build_info,
                               decode_response, encode_command, join_parts, split_parts)
 from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
 from ptocube.hdl.tile_desc import (OutputRole, SharedDescLayout, TileDescLayout, encode_shared,
@@ -352,6 +354,41 @@ def test_host_errors_and_replacement():
                 "bad_desc": HostError.BAD_DESCRIPTOR}
     assert {k: results[k].error for k in expected} == expected
     assert results["free_a"].ok and results["in_use"].data == 2048
+
+
+def test_feature_map_parts_are_written_alone():
+    """WRITE_FM writes its 64-bit part and keeps the others (each part is a write lane of
+    the feature-map memory); the parts read back cut to the descriptor's width; FREE and a
+    new CONFIGURE clear the whole descriptor."""
+    rng = random.Random(15)
+    first = [rng.getrandbits(64) for _ in range(FM_PARTS)]
+    second = rng.getrandbits(64)
+    one = Tile.from_raw(DataType.S8, Layout.ROW_MAJOR, [[1]], 1024)
+    reads = {}
+
+    async def bench(ctx, store, transact):
+        async def read_all():
+            return [(await transact(ctx, HostCommand(HostOp.READ_FM, 2, 9, a))).data
+                    for a in range(FM_PARTS)]
+        for part, word in enumerate(split_parts(encode_tile(one), 2)):
+            await transact(ctx, HostCommand(HostOp.DESC_PART, addr=part, data=word))
+        assert (await transact(ctx, HostCommand(HostOp.CONFIGURE, 2, 9))).ok
+        reads["new"] = await read_all()
+        for part, word in enumerate(first):
+            assert (await transact(ctx, HostCommand(HostOp.WRITE_FM, 2, 9, part, word))).ok
+        reads["first"] = await read_all()
+        await transact(ctx, HostCommand(HostOp.WRITE_FM, 2, 9, 2, second))
+        reads["second"] = await read_all()
+        await transact(ctx, HostCommand(HostOp.FREE, 2, 9))
+        await transact(ctx, HostCommand(HostOp.CONFIGURE, 2, 9))
+        reads["again"] = await read_all()
+
+    _run(bench)
+    width = FEATURE_MAP_DESCRIPTOR.size
+    cut = [w & ((1 << max(0, min(64, width - 64 * k))) - 1) for k, w in enumerate(first)]
+    assert reads["new"] == [0] * FM_PARTS and reads["again"] == [0] * FM_PARTS
+    assert reads["first"] == cut and cut[-1] != first[-1]
+    assert reads["second"] == cut[:2] + [second] + cut[3:]
 
 
 # ---------------------------------------------------------------------------
