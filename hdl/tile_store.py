@@ -37,6 +37,8 @@ active together: host commands are only taken while ``host_enable`` (the unit is
 preflight reads only while checking, the engines run only between PLACE and PUBLISH/ABORT.
 """
 
+import functools
+import operator
 from typing import NamedTuple
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
@@ -176,10 +178,15 @@ def _entry_layout(desc_layout, config):
 
 class _ElementSource(NamedTuple):
     """The registers of the running TIMG2COL job's element port (decision T15)."""
-    pe: Signal          # the PE whose memories the port reads and writes
+    pe: Signal          # one-hot: the PE whose memories the port reads and writes
     entry: Signal       # its SOURCE register's Local entry
     pc_log: Signal      # log2 of the source's physical columns (implicit flags, T5)
     dst_base: Signal    # the base CELL of its placed output
+
+
+def _one_hot_select(one_hot, values):
+    """``values[i]`` for the set bit ``i`` of ``one_hot`` (an AND-OR, no decoder)."""
+    return functools.reduce(operator.or_, (Mux(one_hot[i], v, 0) for i, v in enumerate(values)))
 
 
 def _log2_bytes(dtype):
@@ -389,12 +396,12 @@ class TileStore(wiring.Component):
         m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_bits)]
         src_latch = Signal()                    # the read registers hold PE src_pe's source
         src = _ElementSource(
-            pe=Signal(2, name="src_pe"), entry=Signal(self.local_entry, name="src_entry"),
+            pe=Signal(PE_COUNT, name="src_pe"), entry=Signal(self.local_entry, name="src_entry"),
             pc_log=Signal(5, name="src_pc_log"), dst_base=Signal(cw, name="src_dst_base"))
         m.d.sync += src_latch.eq(0)
         with m.If(src_latch):
             m.d.sync += [src.entry.eq(l_rd.data), src.pc_log.eq(0),
-                         src.dst_base.eq(bases[src.pe][0])]
+                         src.dst_base.eq(_one_hot_select(src.pe, [b[0] for b in bases]))]
             for b in range(16):
                 with m.If(l_rd.data.desc.phys_cols == (1 << b)):
                     m.d.sync += src.pc_log.eq(b)
@@ -599,7 +606,7 @@ class TileStore(wiring.Component):
                 with m.Elif(self.src_load):
                     source = Cat(plan.operands[9].index[:6], self.src_pe)
                     read_local(source), read_fm(source)
-                    m.d.sync += [src_latch.eq(1), src.pe.eq(self.src_pe)]
+                    m.d.sync += [src_latch.eq(1), src.pe.eq(1 << self.src_pe)]
                 with m.Elif(host_go):
                     m.d.comb += self.host_cmd.ready.eq(1)
                     m.d.sync += cmd.eq(self.host_cmd.payload)
@@ -1044,7 +1051,9 @@ class TileStore(wiring.Component):
 
     def _element_port(self, m, pay_rd, pay_wr, flg_rd, src):
         """The running TIMG2COL job's source element reads and destination element writes,
-        on the memories of PE ``src.pe``."""
+        on the memories of PE ``src.pe``.  Only the enables are per PE: the addresses and
+        write data go to all four memories, which nothing else uses during a job (T3), so the
+        PE select reaches as few cells as it can (issue #9)."""
         # log2 of the element bytes, registered: the plan is held from PLACE to PUBLISH or
         # ABORT, and elements move only in between (decision T13).
         shift = Signal(2)
@@ -1067,8 +1076,8 @@ class TileStore(wiring.Component):
             m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(q),
                          implicit.eq(((q >> src.pc_log) < desc.valid_rows)
                                      & ((q & (desc.phys_cols - 1)) < desc.valid_cols))]
-        pay_data = Array(pay_rd[p].data for p in range(PE_COUNT))[src.pe]
-        flg_data = Array(flg_rd[p].data for p in range(PE_COUNT))[src.pe]
+        pay_data = _one_hot_select(src.pe, [pay_rd[p].data for p in range(PE_COUNT)])
+        flg_data = _one_hot_select(src.pe, [flg_rd[p].data for p in range(PE_COUNT)])
         m.d.comb += [
             port.src_rsp.valid.eq(rsp_valid),
             port.src_rsp.payload.data.eq(pay_data >> (byte << 3)),
@@ -1082,12 +1091,11 @@ class TileStore(wiring.Component):
         lane = daddr[:3]
         width_mask = Mux(shift == 2, 0xF, Mux(shift == 1, 0x3, 0x1))
         for p in range(PE_COUNT):
-            with m.If(src.pe == p):
-                with m.If(take):
-                    m.d.comb += [pay_rd[p].en.eq(1), pay_rd[p].addr.eq(addr[3:3 + ww]),
-                                 flg_rd[p].en.eq(1),
-                                 flg_rd[p].addr.eq((src_base << 2) + (q >> 6))]
-                with m.If(port.dst.valid):
-                    m.d.comb += [pay_wr[p].en.eq((width_mask << lane)[:8]),
-                                 pay_wr[p].addr.eq(daddr[3:3 + ww]),
-                                 pay_wr[p].data.eq((w.data << (lane << 3))[:64])]
+            with m.If(take):
+                m.d.comb += [pay_rd[p].en.eq(src.pe[p]), pay_rd[p].addr.eq(addr[3:3 + ww]),
+                             flg_rd[p].en.eq(src.pe[p]),
+                             flg_rd[p].addr.eq((src_base << 2) + (q >> 6))]
+            with m.If(port.dst.valid):
+                m.d.comb += [pay_wr[p].en.eq(Mux(src.pe[p], (width_mask << lane)[:8], 0)),
+                             pay_wr[p].addr.eq(daddr[3:3 + ww]),
+                             pay_wr[p].data.eq((w.data << (lane << 3))[:64])]
