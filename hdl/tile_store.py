@@ -358,10 +358,12 @@ class TileStore(wiring.Component):
                                    & (s_rd.data.undef == 0))]
         gr = self.gpr_rd
         m.d.comb += gr.data.eq(g_rd.data)
-        word_pe = Signal(2)
-        with m.If(wd.en):
-            m.d.sync += word_pe.eq(wd.pe)
-        m.d.comb += wd.data.eq(Array(pay_rd[p].data for p in range(PE_COUNT))[word_pe])
+        # One read-data bus per memory kind for every agent: only one agent reads at a time
+        # (T3), so the bus shows the memory read last (one-hot, registered with the read)
+        # instead of a multiplexer per agent at the block RAMs' outputs (issue #9).
+        pay_data, flg_data = (self._last_read(m, ports, name)
+                              for ports, name in ((pay_rd, "payload"), (flg_rd, "flags")))
+        m.d.comb += wd.data.eq(pay_data)
 
         # Read/write requests of each memory, lowest priority first (later m.If wins).
         def read(s, addr, flag_addr=None):
@@ -542,7 +544,6 @@ class TileStore(wiring.Component):
         def clear_fm(addr):
             m.d.comb += [fm_wr.en.eq(-1), fm_wr.addr.eq(addr), fm_wr.data.eq(0)]
 
-        read_space = Signal(3)
         read_flags = Signal()
         read_word = Signal(64)                  # HOST_READ: the payload or flag word read
         read_synth = Signal(64)                 # HOST_READ: the implicit flags of that word
@@ -750,7 +751,7 @@ class TileStore(wiring.Component):
                                 for s in spaces:
                                     with m.If(space == s):
                                         read(s, addr)
-                                m.d.sync += [read_space.eq(space), read_flags.eq(0)]
+                                m.d.sync += read_flags.eq(0)
                                 m.next = "HOST_READ"
                         with m.Case(HostOp.WRITE_FLAGS, HostOp.READ_FLAGS):
                             addr = f_flag_addr
@@ -774,7 +775,7 @@ class TileStore(wiring.Component):
                                 for s in spaces:
                                     with m.If(space == s):
                                         m.d.comb += [flg_rd[s].en.eq(1), flg_rd[s].addr.eq(addr)]
-                                m.d.sync += [read_space.eq(space), read_flags.eq(1)]
+                                m.d.sync += read_flags.eq(1)
                                 m.next = "HOST_READ"
                         with m.Case(HostOp.SET_UNDEFINED):
                             with m.If(~f_allocated):
@@ -848,10 +849,8 @@ class TileStore(wiring.Component):
                 # The word read, and a published row-major output's flags: its valid region
                 # (decision T5).  Both are registered and answered in HOST_REPLY (T13).
                 m.d.comb += busy.eq(1)
-                pdata = Array(pay_rd[s].data for s in spaces)[read_space]
-                fdata = Array(flg_rd[s].data for s in spaces)[read_space]
                 m.d.sync += read_synth.eq(implicit_word)
-                m.d.sync += read_word.eq(Mux(read_flags, fdata, pdata))
+                m.d.sync += read_word.eq(Mux(read_flags, flg_data, pay_data))
                 m.next = "HOST_REPLY"
 
             with m.State("HOST_REPLY"):
@@ -977,9 +976,19 @@ class TileStore(wiring.Component):
             for p in range(PE_COUNT):
                 with m.If(wd.pe == p):
                     read(p, (l_rd.data.base << 4) + wd.addr)
-        self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, busy)
-        self._element_port(m, pay_rd, pay_wr, flg_rd, src)
+        self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, pay_data,
+                          busy)
+        self._element_port(m, pay_rd, pay_wr, flg_rd, pay_data, flg_data, src)
         return m
+
+    @staticmethod
+    def _last_read(m, ports, name):
+        """The data of the memory of ``ports`` read last (its read register holds it)."""
+        last = Signal(len(ports), name=f"{name}_last_read")
+        enables = Cat(port.en for port in ports)
+        with m.If(enables.any()):
+            m.d.sync += last.eq(enables)
+        return _one_hot_select(last, [port.data for port in ports])
 
     @staticmethod
     def _advance(m, pe, j, same, last):
@@ -995,7 +1004,8 @@ class TileStore(wiring.Component):
             m.d.sync += j.eq(j + 1)
             m.next = same
 
-    def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, seq_busy):
+    def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, pay_data,
+                     seq_busy):
         """The CUBE engine's TilePort: descriptors and payload words, one request at a time."""
         e = self.engine
         # Descriptor lookups read both tables while the sequencer idles; the response is
@@ -1031,14 +1041,13 @@ class TileStore(wiring.Component):
             ]
         # Payload words: one outstanding read, held in the memory's read register.
         mem_valid = Signal()
-        mem_space = Signal(3)
         m.d.comb += [e.mem_rsp.valid.eq(mem_valid),
-                     e.mem_rsp.payload.eq(Array(p.data for p in pay_rd)[mem_space]),
+                     e.mem_rsp.payload.eq(pay_data),
                      e.mem_req.ready.eq(~mem_valid | e.mem_rsp.ready)]
         with m.If(e.mem_rsp.ready):
             m.d.sync += mem_valid.eq(0)
         with m.If(e.mem_req.valid & e.mem_req.ready):
-            m.d.sync += [mem_valid.eq(1), mem_space.eq(e.mem_req.payload.space)]
+            m.d.sync += mem_valid.eq(1)
             for s, port in enumerate(pay_rd):
                 with m.If(e.mem_req.payload.space == MemSpace(s)):
                     m.d.comb += [port.en.eq(1), port.addr.eq(e.mem_req.payload.addr)]
@@ -1049,7 +1058,7 @@ class TileStore(wiring.Component):
                 with m.If(w.space == MemSpace(s)):
                     m.d.comb += [port.en.eq(w.mask), port.addr.eq(w.addr), port.data.eq(w.data)]
 
-    def _element_port(self, m, pay_rd, pay_wr, flg_rd, src):
+    def _element_port(self, m, pay_rd, pay_wr, flg_rd, pay_data, flg_data, src):
         """The running TIMG2COL job's source element reads and destination element writes,
         on the memories of PE ``src.pe``.  Only the enables are per PE: the addresses and
         write data go to all four memories, which nothing else uses during a job (T3), so the
@@ -1076,8 +1085,6 @@ class TileStore(wiring.Component):
             m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(q),
                          implicit.eq(((q >> src.pc_log) < desc.valid_rows)
                                      & ((q & (desc.phys_cols - 1)) < desc.valid_cols))]
-        pay_data = _one_hot_select(src.pe, [pay_rd[p].data for p in range(PE_COUNT)])
-        flg_data = _one_hot_select(src.pe, [flg_rd[p].data for p in range(PE_COUNT)])
         m.d.comb += [
             port.src_rsp.valid.eq(rsp_valid),
             port.src_rsp.payload.data.eq(pay_data >> (byte << 3)),
