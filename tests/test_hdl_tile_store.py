@@ -153,7 +153,7 @@ def loaded():
         out["host"] = host
         out["engine_desc"] = await _engine_lookups(ctx, store)
         out["sources"] = {index: await _load_sources(ctx, store, index)
-                            for index in (_ONLY_PE2, _WITH_FM)}
+                          for index in (_ONLY_PE2, _WITH_FM)}
 
     _run(bench)
     return out
