@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from amaranth.lib import data, enum
 
 from ..model.faults import FaultClass
+from .img2col import FM_PARTS
 from .tile_port import MemSpace
 
 __all__ = ["HostOp", "HostError", "SysReg", "StatusOutcome", "HostCommandLayout",
@@ -133,8 +134,6 @@ DESC_PARTS = 2
 #: READ_DESC extra parts: the payload's base CELL, the undefined-valid-element count.
 DESC_PART_BASE = 2
 DESC_PART_UNDEFINED = 3
-#: 64-bit parts of a feature-map descriptor register (340 bits).
-FM_PARTS = 6
 
 
 @dataclass(frozen=True)

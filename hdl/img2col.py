@@ -47,7 +47,8 @@ from amaranth.lib.wiring import In, Out
 from ..model.img2col import FeatureMapDescriptor, FeatureMapLayout
 from .config import CubeConfig
 
-__all__ = ["FeatureMapDescriptorLayout", "FEATURE_MAP_DESCRIPTOR", "EXTENT_WIDTH",
+__all__ = ["FeatureMapDescriptorLayout", "FEATURE_MAP_DESCRIPTOR", "FM_PARTS",
+           "FeatureMapPartLayout", "feature_map_parts", "EXTENT_WIDTH",
            "AddressJobLayout", "AddressLayout", "MulAdd", "DivMod", "SerialProgram",
            "source_index_width", "arith_width", "Img2ColAddressGenerator"]
 
@@ -111,9 +112,24 @@ class FeatureMapDescriptorLayout(data.StructLayout):
 #: The one instance every component uses.
 FEATURE_MAP_DESCRIPTOR = FeatureMapDescriptorLayout()
 
-#: Address generator command: the descriptor, the output extents and the window.
+#: 64-bit parts of a feature-map descriptor register: the words of the host port's
+#: READ_FM / WRITE_FM and the beats that load the TIMG2COL engine's copy.
+FM_PARTS = -(-FEATURE_MAP_DESCRIPTOR.size // 64)
+
+#: One beat of a feature map on its way from the tile store to the TIMG2COL engine: bits
+#: 64*part to 64*part+63 of the register.
+FeatureMapPartLayout = data.StructLayout({"part": range(FM_PARTS), "data": 64})
+
+
+def feature_map_parts(fm: FeatureMapDescriptor) -> list[int]:
+    """The register bits of a model descriptor as :data:`FM_PARTS` 64-bit words, part 0
+    first."""
+    bits = FEATURE_MAP_DESCRIPTOR.encode(fm)
+    return [(bits >> (64 * part)) & ((1 << 64) - 1) for part in range(FM_PARTS)]
+
+#: Address generator command: the output extents and the window (the descriptor is the
+#: generator's ``fm`` input, held for the whole walk).
 AddressJobLayout = data.StructLayout({
-    "fm": FEATURE_MAP_DESCRIPTOR,
     "out_height": EXTENT_WIDTH,
     "out_width": EXTENT_WIDTH,
     "valid_row": 16,
@@ -422,6 +438,10 @@ class Img2ColAddressGenerator(wiring.Component):
     cmd : In(stream.Signature(AddressJobLayout))
         One window to walk; accepted when idle and the previous window's elements have
         left the first output stage.  The payload is copied on acceptance.
+    fm : In(FEATURE_MAP_DESCRIPTOR)
+        The window's feature-map descriptor, held from the command's acceptance until
+        ``busy`` falls.  It is not copied: the TIMG2COL engine's own register feeds it, so
+        the 340 bits are stored once (issue #9, decision T18).
     out : Out(stream.Signature(AddressLayout(index_width)))
         The window's elements in destination row-major order, at most one per cycle; the
         payload is registered.  ``index`` is the source storage index (the feature map's
@@ -446,6 +466,7 @@ class Img2ColAddressGenerator(wiring.Component):
         self.arith_width = arith_width(self.index_width)
         super().__init__({
             "cmd": In(stream.Signature(AddressJobLayout)),
+            "fm": In(FEATURE_MAP_DESCRIPTOR),
             "out": Out(stream.Signature(AddressLayout(self.index_width))),
             "abort": In(1),
             "busy": Out(1),
@@ -456,7 +477,7 @@ class Img2ColAddressGenerator(wiring.Component):
         a_w, b_w = self.index_width, self.arith_width
 
         job = Signal(AddressJobLayout, name="job")
-        fm = job.fm
+        fm = self.fm
         c0_n, kw_n, kh_n = fm.channels_per_group, fm.filter_width, fm.filter_height
 
         def registers(shape, *names):
@@ -648,11 +669,11 @@ class Img2ColAddressGenerator(wiring.Component):
                                  element.row_last.eq(at_last["col"]),
                                  element.last.eq(at_last["col"] & at_last["row"])]
                     with m.If(at_last["col"]):
-                        self._next_row(m, job, walk, (ih0, iw0, row_addr),
+                        self._next_row(m, job, fm, walk, (ih0, iw0, row_addr),
                                        (iw0_first, iw0_pen, ih0_first, ih0_pen),
                                        (ow_step, oh_delta, image_delta))
                     with m.Else():
-                        self._next_column(m, job, walk, (c0_pen, kw_pen, kh_pen),
+                        self._next_column(m, fm, walk, (c0_pen, kw_pen, kh_pen),
                                           (kw_delta, kh_delta, c1_delta))
                     with m.If(at_last["col"] & at_last["row"]):
                         m.next = "IDLE"
@@ -664,13 +685,12 @@ class Img2ColAddressGenerator(wiring.Component):
         return m
 
     @staticmethod
-    def _next_column(m, job, walk, pens, deltas):
+    def _next_column(m, fm, walk, pens, deltas):
         """Advance (c1, kh, kw, c0) by one: c0 fastest, then kw, kh, c1.
 
         A counter's "at last" flag is set when it steps onto its last value (its value
         now equals the last-but-one) or wraps to a first value that is also the last.
         """
-        fm = job.fm
         _, col, cols_left, _, at_last, fact = walk
         c0_pen, kw_pen, kh_pen = pens
         kw_delta, kh_delta, c1_delta = deltas
@@ -699,9 +719,8 @@ class Img2ColAddressGenerator(wiring.Component):
                                  col["lc_left"].eq(col["lc_left"] - fm.channels_per_group)]
 
     @staticmethod
-    def _next_row(m, job, walk, row, ends, deltas):
+    def _next_row(m, job, fm, walk, row, ends, deltas):
         """Restart the columns from their seed and advance (image, oh, ow) by one."""
-        fm = job.fm
         seed, col, cols_left, rows_left, at_last, fact = walk
         ih0, iw0, row_addr = row
         iw0_first, iw0_pen, ih0_first, ih0_pen = ends

@@ -1,8 +1,9 @@
 """The TIMG2COL engine: preflight, gather copy and atomic publication for one PE.
 
-:class:`Img2ColEngine` takes one job - the source tile's feature-map descriptor and the facts
-the tile store knows about the source and destination tiles - and either publishes the
-destination window or reports the first fault in the golden model's order.  It is the
+:class:`Img2ColEngine` takes one job - the facts the tile store knows about the source and
+destination tiles, after the source tile's feature-map descriptor has been loaded into the
+engine in 64-bit parts - and either publishes the destination window or reports the first
+fault in the golden model's order.  It is the
 hardware twin of :func:`ptocube.model.preflight.plan_img2col` from the destination shape check
 on, followed by :func:`ptocube.model.img2col.img2col` for one PE.
 
@@ -54,11 +55,12 @@ from amaranth.lib.wiring import In, Out
 
 from ..model.datatype import DataType, TIMG2COL_TYPES
 from ..model.faults import FaultClass
-from ..model.img2col import FeatureMapDescriptor, FeatureMapLayout
+from ..model.img2col import FeatureMapLayout
 from ..model.layout import Layout
 from .config import CubeConfig
-from .img2col import (EXTENT_WIDTH, FEATURE_MAP_DESCRIPTOR, DivMod, Img2ColAddressGenerator,
-                      MulAdd, SerialProgram, source_index_width)
+from .img2col import (EXTENT_WIDTH, FEATURE_MAP_DESCRIPTOR, FM_PARTS, DivMod,
+                      FeatureMapPartLayout, Img2ColAddressGenerator, MulAdd, SerialProgram,
+                      source_index_width)
 
 __all__ = ["Img2ColCheck", "CHECK_FAULT", "Img2ColJobLayout", "SourceResponseLayout",
            "DestinationWriteLayout", "Img2ColEngine"]
@@ -92,12 +94,11 @@ CHECK_FAULT = {check: (FaultClass.NONE if check is Img2ColCheck.NONE
 
 
 class Img2ColJobLayout(data.StructLayout):
-    """One TIMG2COL job for one PE.
+    """One TIMG2COL job for one PE (its feature map comes separately, on the engine's ``fm``
+    port).
 
     Fields
     ------
-    fm : FEATURE_MAP_DESCRIPTOR
-        The source tile's feature-map descriptor register (ruling R14).
     dtype : 5
         The bundle's DataType code (the destination's type).
     src_dtype : 5, src_layout : 3
@@ -122,7 +123,6 @@ class Img2ColJobLayout(data.StructLayout):
         self.config = config
         self.index_width = source_index_width(config)
         super().__init__({
-            "fm": FEATURE_MAP_DESCRIPTOR,
             "dtype": 5,
             "src_dtype": 5,
             "src_layout": 3,
@@ -137,7 +137,7 @@ class Img2ColJobLayout(data.StructLayout):
             "pos_k": 16,
         })
 
-    def encode(self, fm: FeatureMapDescriptor, dtype: DataType, *, src_elements: int,
+    def encode(self, dtype: DataType, *, src_elements: int,
                dst_size_code: int, dst_cols: int, valid_row: int, valid_col: int,
                pos_m: int = 0, pos_k: int = 0, src_dtype: DataType | None = None,
                src_layout: Layout = Layout.ROW_MAJOR, src_legal: bool = True,
@@ -157,9 +157,7 @@ class Img2ColJobLayout(data.StructLayout):
             width = self.members[name]
             if not 0 <= value < 1 << width:
                 raise ValueError(f"job field {name}={value} does not fit {width} bits")
-        fm_bits = FEATURE_MAP_DESCRIPTOR.encode(fm)
-        return self.const({"fm": data.Const(FEATURE_MAP_DESCRIPTOR, fm_bits),
-                           **values}).as_bits()
+        return self.const(values).as_bits()
 
 
 #: Source read response: the element right-aligned (bits above its width are ignored) and
@@ -193,8 +191,13 @@ class Img2ColEngine(wiring.Component):
 
     Members
     -------
+    fm : In(stream.Signature(FeatureMapPartLayout))
+        The next job's feature-map descriptor register (ruling R14), one 64-bit part per
+        beat (:func:`feature_map_parts`); accepted when idle, into the engine's own register,
+        which the address generator reads for the whole walk.  A 64-bit path instead of
+        340 wires from the tile store's block RAMs (issue #9, decision T18).
     job : In(stream.Signature(Img2ColJobLayout(config)))
-        One job; accepted when idle, its payload copied.
+        One job, on the feature map loaded last; accepted when idle, its payload copied.
     src_req : Out(stream.Signature(index_width))
         Source read request: the source storage index (row*Col + col of the source tile).
         Every index requested is below ``src_elements``.
@@ -228,6 +231,7 @@ class Img2ColEngine(wiring.Component):
         self.index_width = source_index_width(config)
         self.job_layout = Img2ColJobLayout(config)
         super().__init__({
+            "fm": In(stream.Signature(FeatureMapPartLayout)),
             "job": In(stream.Signature(self.job_layout)),
             "src_req": Out(stream.Signature(self.index_width)),
             "src_rsp": In(stream.Signature(SourceResponseLayout)),
@@ -252,8 +256,10 @@ class Img2ColEngine(wiring.Component):
                                                   depth=self.fifo_depth)
 
         job = Signal(self.job_layout, name="job")
-        fm = job.fm
-        checks = self._preflight(m, job)
+        fm_parts = Signal(64 * FM_PARTS, name="fm_parts", reset_less=True)
+        fm = FEATURE_MAP_DESCRIPTOR(fm_parts[:FEATURE_MAP_DESCRIPTOR.size])
+        m.d.comb += gen.fm.eq(fm)
+        checks = self._preflight(m, job, fm)
         program, out_height, out_width, first_failure, window_empty = checks
 
         check = Signal(Img2ColCheck, name="check_reg")
@@ -274,8 +280,7 @@ class Img2ColEngine(wiring.Component):
         pad_value = fm.padding[:DATA_WIDTH] & element_mask
 
         # The generator's command: the window plus outH/outW from preflight.
-        m.d.comb += [gen.cmd.payload.fm.eq(fm),
-                     gen.cmd.payload.out_height.eq(out_height),
+        m.d.comb += [gen.cmd.payload.out_height.eq(out_height),
                      gen.cmd.payload.out_width.eq(out_width),
                      gen.cmd.payload.valid_row.eq(job.valid_row),
                      gen.cmd.payload.valid_col.eq(job.valid_col),
@@ -337,7 +342,13 @@ class Img2ColEngine(wiring.Component):
 
         with m.FSM(name="engine"):
             with m.State("IDLE"):
-                m.d.comb += self.job.ready.eq(1)
+                m.d.comb += [self.job.ready.eq(1), self.fm.ready.eq(1)]
+                with m.If(self.fm.valid):
+                    with m.Switch(self.fm.payload.part):
+                        for part in range(FM_PARTS):
+                            with m.Case(part):
+                                m.d.sync += fm_parts.word_select(part, 64).eq(
+                                    self.fm.payload.data)
                 with m.If(self.job.valid):
                     m.d.sync += [job.eq(self.job.payload), *program.start()]
                     m.next = "PREFLIGHT"
@@ -371,7 +382,7 @@ class Img2ColEngine(wiring.Component):
                 m.next = "IDLE"
         return m
 
-    def _preflight(self, m, job):
+    def _preflight(self, m, job, fm):
         """Preflight arithmetic and checks; returns (program, outH, outW, first failure,
         empty window).
 
@@ -380,7 +391,6 @@ class Img2ColEngine(wiring.Component):
         program ends.  Facts of the job alone are registered as they settle during the
         program (they are stable from the job's acceptance on).
         """
-        fm = job.fm
         index_width = self.index_width
         # Saturating width: above every bound a product is compared with (P against
         # 2**index_width elements; receptive fields, outH/outW and the window against

@@ -63,7 +63,6 @@ from ..model.postprocess import PREQUANT_MODES, ParamKind, group_n
 from ..model.state import PE_COUNT
 from .config import CubeConfig
 from .descriptor import RecordLayout
-from .img2col import FEATURE_MAP_DESCRIPTOR
 from .img2col_engine import Img2ColJobLayout
 from .param_check import ParamCheck
 from .tile_desc import (OperandRole, OutputRole, ParamSource, PlanLayout, SharedDescLayout,
@@ -1299,10 +1298,10 @@ class Preflight(wiring.Component):
             ]
 
 
-def img2col_job(m, *, plan, desc, fm, tile_capacity, config: CubeConfig = CubeConfig()):
+def img2col_job(m, *, plan, desc, tile_capacity, config: CubeConfig = CubeConfig()):
     """The :class:`~ptocube.hdl.img2col_engine.Img2ColJobLayout` of one PE of an approved
-    TIMG2COL plan, from that PE's source register ``desc`` (:data:`TileDescLayout`) and its
-    feature-map descriptor register ``fm``; combinational, for the top level.
+    TIMG2COL plan, from that PE's source register ``desc`` (:data:`TileDescLayout`);
+    combinational, for the top level.
 
     ``src_legal`` is the model's ``_ordinary_descriptor_legal`` (allocated, row-major,
     capacity legal and within ``tile_capacity``, ordinary geometry holding the valid shape).
@@ -1316,7 +1315,7 @@ def img2col_job(m, *, plan, desc, fm, tile_capacity, config: CubeConfig = CubeCo
     top = (1 << width) - 1
     out = plan.outputs[0]
     m.d.comb += [
-        job.fm.eq(fm), job.dtype.eq(plan.a_type),
+        job.dtype.eq(plan.a_type),
         job.src_dtype.eq(desc.dtype), job.src_layout.eq(desc.layout),
         job.src_legal.eq(desc.allocated & (desc.layout == Layout.ROW_MAJOR) & legal
                          & ((desc.cells << 7) <= tile_capacity)),
@@ -1326,5 +1325,4 @@ def img2col_job(m, *, plan, desc, fm, tile_capacity, config: CubeConfig = CubeCo
         job.valid_row.eq(out.rows), job.valid_col.eq(out.cols),
         job.pos_m.eq(plan.pos_m), job.pos_k.eq(plan.pos_k),
     ]
-    assert FEATURE_MAP_DESCRIPTOR is layout.members["fm"]
     return job

@@ -180,7 +180,8 @@ class _ElementSource(NamedTuple):
     """The registers of the running TIMG2COL job's element port (decision T15)."""
     pe: Signal          # one-hot: the PE whose memories the port reads and writes
     entry: Signal       # its SOURCE register's Local entry
-    pc_log: Signal      # log2 of the source's physical columns (implicit flags, T5)
+    rows_end: Signal    # implicit flags (T5, T19): valid rows x physical columns, saturated
+    col_mask: Signal    # ... and physical columns - 1
     dst_base: Signal    # the base CELL of its placed output
 
 
@@ -225,10 +226,13 @@ class TileStore(wiring.Component):
         The start of a TIMG2COL job (decision T15): while the store is idle and ``src_load``
         is high, it reads PE ``src_pe``'s SOURCE register (the plan's operand 9) and its
         feature map, and serves that PE on ``i2c``.
-    src_desc : Out(TileDescLayout), src_fm : Out(FEATURE_MAP_DESCRIPTOR)
-        That source's descriptor and feature-map descriptor (for
-        :func:`~ptocube.hdl.preflight.img2col_job`), from the cycle after ``src_load`` until
-        the store's next read of those memories (a host command, a request, ``src_load``).
+    src_desc : Out(TileDescLayout)
+        That source's descriptor (for :func:`~ptocube.hdl.preflight.img2col_job`), from the
+        cycle after ``src_load`` until the store's next read of that memory (a host command,
+        a request, ``src_load``).
+    src_fm_part : In(range(FM_PARTS)), src_fm : Out(64)
+        Part ``src_fm_part`` of that source's feature-map descriptor, over the same cycles:
+        the TIMG2COL engine loads the 340 bits over a 64-bit path (decision T18).
     tile_capacity : Out(32) - the system register.
     status_flags : Out(5) - the sticky numeric flags.
     idle : Out(1) - no host command or request in progress.
@@ -263,7 +267,8 @@ class TileStore(wiring.Component):
             "src_load": In(1),
             "src_pe": In(2),
             "src_desc": Out(TileDescLayout),
-            "src_fm": Out(FEATURE_MAP_DESCRIPTOR),
+            "src_fm_part": In(range(FM_PARTS)),
+            "src_fm": Out(64),
             "tile_capacity": Out(32, init=CORE_TILE_CAPACITY_BYTES),
             "status_flags": Out(5),
             "idle": Out(1),
@@ -307,7 +312,15 @@ class TileStore(wiring.Component):
         l_rd, l_wr = _BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
         s_rd, s_wr = _BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
         fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port(granularity=64)
-        fm_bits = fm_rd.data[:FEATURE_MAP_DESCRIPTOR.size]
+        # One 64-bit part of the feature map the read register holds, for the host's READ_FM
+        # and the TIMG2COL engine's load: the whole entry goes no further than this
+        # multiplexer beside the block RAMs (T18).
+        fm_part_sel = Signal(range(FM_PARTS), name="fm_part_sel")
+        fm_part = Signal(64, name="fm_part")
+        m.d.comb += [fm_part_sel.eq(self.src_fm_part),
+                     fm_part.eq(Cat(fm_rd.data[:FEATURE_MAP_DESCRIPTOR.size],
+                                    Const(0, 64 * FM_PARTS - FEATURE_MAP_DESCRIPTOR.size))
+                                .word_select(fm_part_sel, 64))]
 
         def read_local(addr):
             m.d.comb += [l_rd.en.eq(1), l_rd.addr.eq(addr)]
@@ -394,19 +407,26 @@ class TileStore(wiring.Component):
         # The running TIMG2COL job's source (T15): the block RAMs' read registers hold the
         # entry and feature map that ``src_load`` read, for the job's formation; the element
         # port works from a copy of the entry made a cycle later, with the PE, its placed
-        # output's base and log2 of the source's physical columns (implicit flags, T5).
-        m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_bits)]
+        # output's base and the valid region's bounds in storage order (implicit flags, T5).
+        m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_part)]
         src_latch = Signal()                    # the read registers hold PE src_pe's source
+        index_w = len(self.i2c.src_req.payload)
         src = _ElementSource(
             pe=Signal(PE_COUNT, name="src_pe"), entry=Signal(self.local_entry, name="src_entry"),
-            pc_log=Signal(5, name="src_pc_log"), dst_base=Signal(cw, name="src_dst_base"))
+            rows_end=Signal(index_w + 1, name="src_rows_end"),
+            col_mask=Signal(16, name="src_col_mask"), dst_base=Signal(cw, name="src_dst_base"))
         m.d.sync += src_latch.eq(0)
         with m.If(src_latch):
-            m.d.sync += [src.entry.eq(l_rd.data), src.pc_log.eq(0),
+            # Row r of a row-major tile with Col (a power of two) physical columns starts at
+            # storage index r * Col: "row < ValidRow" is "index < ValidRow * Col", a product
+            # the DSP block forms once per job instead of a shifter per request (T19).
+            ld = l_rd.data.desc
+            rows_end = Signal(32, name="src_rows_end_full")
+            m.d.comb += rows_end.eq(ld.valid_rows * ld.phys_cols)
+            m.d.sync += [src.entry.eq(l_rd.data), src.col_mask.eq(ld.phys_cols - 1),
+                         src.rows_end.eq(Mux(rows_end[index_w:] != 0, 1 << index_w,
+                                             rows_end[:index_w])),
                          src.dst_base.eq(_one_hot_select(src.pe, [b[0] for b in bases]))]
-            for b in range(16):
-                with m.If(l_rd.data.desc.phys_cols == (1 << b)):
-                    m.d.sync += src.pc_log.eq(b)
 
         plan = self.plan
         outs = plan.outputs
@@ -658,8 +678,8 @@ class TileStore(wiring.Component):
                             with m.Case(DESC_PART_UNDEFINED):
                                 m.d.sync += f_value.eq(Mux(is_pe, le.undef, se.undef))
                     with m.Case(HostOp.READ_FM):
-                        padded = Cat(fm_bits, Const(0, 64 * FM_PARTS - len(fm_bits)))
-                        m.d.sync += f_value.eq(padded.word_select(cmd.addr[:3], 64))
+                        m.d.comb += fm_part_sel.eq(cmd.addr[:3])
+                        m.d.sync += f_value.eq(fm_part)
                     with m.Case(HostOp.READ_GPR):
                         m.d.sync += f_value.eq(g_rd.data)
                     with m.Case(HostOp.READ_SYS):
@@ -1083,8 +1103,8 @@ class TileStore(wiring.Component):
         take = port.src_req.valid & port.src_req.ready
         with m.If(take):
             m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(q),
-                         implicit.eq(((q >> src.pc_log) < desc.valid_rows)
-                                     & ((q & (desc.phys_cols - 1)) < desc.valid_cols))]
+                         implicit.eq((q < src.rows_end)
+                                     & ((q & src.col_mask) < desc.valid_cols))]
         m.d.comb += [
             port.src_rsp.valid.eq(rsp_valid),
             port.src_rsp.payload.data.eq(pay_data >> (byte << 3)),

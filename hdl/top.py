@@ -28,7 +28,8 @@ from ..model.faults import FaultClass
 from ..model.state import PE_COUNT
 from .config import CubeConfig
 from .decoder import BundleDecoder, ParcelBeat
-from .host import HostCommandLayout, HostResponseLayout, StatusLayout, StatusOutcome
+from .host import (FM_PARTS, HostCommandLayout, HostResponseLayout, StatusLayout,
+                   StatusOutcome)
 from .img2col_engine import Img2ColEngine
 from .preflight import Outcome, Preflight, img2col_job
 from .tile_desc import OutputRole
@@ -124,9 +125,13 @@ class CubeUnit(wiring.Component):
         for name in ("src_req", "src_rsp", "dst"):
             wiring.connect(m, getattr(eng, name), getattr(st.i2c, name))
         m.d.comb += st.src_pe.eq(cur)
-        job = img2col_job(m, plan=pf.plan, desc=st.src_desc, fm=st.src_fm,
-                          tile_capacity=st.tile_capacity, config=cfg)
+        job = img2col_job(m, plan=pf.plan, desc=st.src_desc, tile_capacity=st.tile_capacity,
+                          config=cfg)
         m.d.comb += eng.job.payload.eq(job)
+        # The source's feature map goes to the engine one 64-bit part a cycle (T18).
+        fm_part = Signal(range(FM_PARTS + 1), name="img2col_fm_part")   # parts sent
+        m.d.comb += [st.src_fm_part.eq(fm_part), eng.fm.payload.part.eq(fm_part),
+                     eng.fm.payload.data.eq(st.src_fm)]
 
         plan = pf.plan
         pe_sel = Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1], plan.pe_mask[0])
@@ -235,18 +240,24 @@ class CubeUnit(wiring.Component):
                         m.next = "IDLE"
             with m.State("IMG2COL"):
                 # One job per selected PE, PE0 first (decision T10).  The store reads the
-                # PE's source and feature map first (one cycle, decision T15).
+                # PE's source and feature map first (one cycle, decision T15), then the
+                # engine takes the feature map (FM_PARTS cycles, T18).
                 m.d.comb += self.phase.eq(2)
                 loaded, started = Signal(), Signal()
                 with m.If(~loaded):
                     m.d.comb += st.src_load.eq(1)
                     m.d.sync += loaded.eq(1)
+                with m.Elif(fm_part != FM_PARTS):
+                    m.d.comb += eng.fm.valid.eq(1)
+                    with m.If(eng.fm.ready):
+                        m.d.sync += fm_part.eq(fm_part + 1)
                 with m.Elif(~started):
                     m.d.comb += eng.job.valid.eq(1)
                     with m.If(eng.job.ready):
                         m.d.sync += started.eq(1)
                 with m.If(eng.done):
-                    m.d.sync += [loaded.eq(0), started.eq(0), todo.eq(rest), cur.eq(next_pe)]
+                    m.d.sync += [loaded.eq(0), fm_part.eq(0), started.eq(0), todo.eq(rest),
+                                 cur.eq(next_pe)]
                     # The engine reports only the class, and every PE's class is the model's
                     # (the destination check is PE-independent): the first fault decides,
                     # and the remaining jobs would be discarded anyway.

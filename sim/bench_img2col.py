@@ -11,13 +11,12 @@ import os
 from collections import deque
 
 import numpy as np
-from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from ptocube.build.synth import ecp5_resources
 from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.img2col import (FEATURE_MAP_DESCRIPTOR, AddressJobLayout,
-                                 Img2ColAddressGenerator)
+                                 Img2ColAddressGenerator, feature_map_parts)
 from ptocube.hdl.img2col_engine import Img2ColEngine
 from ptocube.model.datatype import DataType
 from ptocube.model.img2col import FeatureMapDescriptor, FeatureMapLayout, img2col, output_shape
@@ -37,13 +36,24 @@ def _run(dut, bench):
     sim.run()
 
 
+async def load_feature_map(ctx, engine, fm):
+    """Load ``fm`` into an idle :class:`Img2ColEngine`, one part per cycle (its ``fm``
+    stream); the job that follows uses it."""
+    for part, word in enumerate(feature_map_parts(fm)):
+        ctx.set(engine.fm.payload.part, part)
+        ctx.set(engine.fm.payload.data, word)
+        ctx.set(engine.fm.valid, 1)
+        _, _, ready = await ctx.tick().sample(engine.fm.ready)
+        assert ready, "the engine takes a feature map only while idle"
+    ctx.set(engine.fm.valid, 0)
+
+
 def _generator_figures(fm, window) -> dict:
     """Cycles for the generator alone to walk ``window`` with an always-ready consumer."""
     dut = Img2ColAddressGenerator(CubeConfig())
     shape = output_shape(fm)
     valid_row, valid_col, pos_m, pos_k = window
     cmd = AddressJobLayout.const({
-        "fm": data.Const(FEATURE_MAP_DESCRIPTOR, FEATURE_MAP_DESCRIPTOR.encode(fm)),
         "out_height": shape.out_height, "out_width": shape.out_width,
         "valid_row": valid_row, "valid_col": valid_col, "pos_m": pos_m, "pos_k": pos_k,
     }).as_bits()
@@ -51,6 +61,7 @@ def _generator_figures(fm, window) -> dict:
 
     async def bench(ctx):
         ctx.set(dut.out.ready, 1)
+        ctx.set(dut.fm.as_value(), FEATURE_MAP_DESCRIPTOR.encode(fm))
         ctx.set(dut.cmd.payload.as_value(), cmd)
         ctx.set(dut.cmd.valid, 1)
         await ctx.tick()
@@ -81,7 +92,7 @@ def _engine_figures(fm, dtype, window, seed=0) -> dict:
     memory = rng.integers(0, 1 << dtype.bits, size=elements, dtype=np.uint64)
     dst_cols = 1 << (valid_col - 1).bit_length()
     size_code = max(1, ((valid_row * dst_cols * dtype.bits + 1023) // 1024 - 1).bit_length() + 1)
-    job = dut.job_layout.encode(fm, dtype, src_elements=elements, dst_size_code=size_code,
+    job = dut.job_layout.encode(dtype, src_elements=elements, dst_size_code=size_code,
                                 dst_cols=dst_cols, valid_row=valid_row, valid_col=valid_col,
                                 pos_m=pos_m, pos_k=pos_k)
     words = [int(v) | 1 << 32 for v in memory.tolist()]     # every element defined
@@ -92,6 +103,7 @@ def _engine_figures(fm, dtype, window, seed=0) -> dict:
     async def bench(ctx):
         ctx.set(dut.src_req.ready, 1)
         ctx.set(dut.dst.ready, 1)
+        await load_feature_map(ctx, dut, fm)
         ctx.set(dut.job.payload.as_value(), job)
         ctx.set(dut.job.valid, 1)
         await ctx.tick()

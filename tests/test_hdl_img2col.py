@@ -26,8 +26,8 @@ from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
-from ptocube.hdl.img2col import (FEATURE_MAP_DESCRIPTOR, AddressJobLayout, AddressLayout,
-                                 Img2ColAddressGenerator)
+from ptocube.hdl.img2col import (FEATURE_MAP_DESCRIPTOR, FM_PARTS, AddressJobLayout,
+                                 AddressLayout, Img2ColAddressGenerator, feature_map_parts)
 from ptocube.hdl.img2col_engine import (CHECK_FAULT, Img2ColCheck, Img2ColEngine,
                                         Img2ColJobLayout)
 from ptocube.model.bundle import Bundle, Destination, Operation
@@ -40,7 +40,7 @@ from ptocube.model.layout import Layout, ordinary_shape_legal
 from ptocube.model.execute import execute
 from ptocube.model.preflight import preflight
 from ptocube.model.state import Location, State, Tile
-from ptocube.sim.bench_img2col import bench_img2col
+from ptocube.sim.bench_img2col import bench_img2col, load_feature_map
 
 from img2col_cases import (EXAMPLE1, EXAMPLE1_RESULT, EXAMPLE1_SOURCE, EXAMPLE2, EXAMPLE2_RESULT,
                           EXAMPLE2_SOURCE, EXAMPLE3, EXAMPLE3_RESULT, EXAMPLE3_SOURCE,
@@ -57,11 +57,11 @@ CONFIG = CubeConfig()
 # ---------------------------------------------------------------------------
 
 def generator_cmd(fm, window):
-    """The generator's command bits for a checked descriptor and window."""
+    """The generator's command bits for a checked descriptor and window (the descriptor
+    itself goes to the generator's ``fm`` input)."""
     shape = output_shape(fm)
     valid_row, valid_col, pos_m, pos_k = window
     return AddressJobLayout.const({
-        "fm": data.Const(FEATURE_MAP_DESCRIPTOR, FEATURE_MAP_DESCRIPTOR.encode(fm)),
         "out_height": shape.out_height, "out_width": shape.out_width,
         "valid_row": valid_row, "valid_col": valid_col, "pos_m": pos_m, "pos_k": pos_k,
     }).as_bits()
@@ -90,6 +90,7 @@ def run_generator(walks, config=CONFIG, seed=0, radix_bits=4):
     async def bench(ctx):
         cycle = 0
         for walk in walks:
+            ctx.set(dut.fm.as_value(), FEATURE_MAP_DESCRIPTOR.encode(walk.fm))
             ctx.set(dut.cmd.payload.as_value(), generator_cmd(walk.fm, walk.window))
             ctx.set(dut.cmd.valid, 1)
             while True:
@@ -272,11 +273,20 @@ def test_feature_map_register_rejects_unrepresentable_values(change):
 def test_job_layout_rejects_values_outside_their_fields():
     layout = Img2ColJobLayout(CONFIG)
     good = dict(src_elements=64, dst_size_code=1, dst_cols=8, valid_row=1, valid_col=3)
-    job = data.Const(layout, layout.encode(EXAMPLE1, DataType.U8, **good))
-    assert (job.valid_col, job.src_dtype, job.src_legal, job.fm.width) == (3, DataType.U8, 1, 3)
+    job = data.Const(layout, layout.encode(DataType.U8, **good))
+    assert (job.valid_col, job.src_dtype, job.src_legal) == (3, DataType.U8, 1)
     for change in ({"src_elements": 1 << 17}, {"pos_m": 65536}, {"dst_size_code": 16}):
         with pytest.raises(ValueError):
-            layout.encode(EXAMPLE1, DataType.U8, **{**good, **change})
+            layout.encode(DataType.U8, **{**good, **change})
+
+
+def test_feature_map_parts_cover_the_register():
+    fm = dataclasses.replace(EXAMPLE3, padding=(1 << 64) - 2, pad_bottom=65535, valid=True)
+    parts = feature_map_parts(fm)
+    assert len(parts) == FM_PARTS == 6 and all(0 <= p < 1 << 64 for p in parts)
+    assert sum(p << (64 * k) for k, p in enumerate(parts)) == FEATURE_MAP_DESCRIPTOR.encode(fm)
+    # The top bits of the last part lie above the 340-bit register.
+    assert parts[-1] >> (FEATURE_MAP_DESCRIPTOR.size - 64 * (FM_PARTS - 1)) == 0
 
 
 # ---------------------------------------------------------------------------
@@ -312,7 +322,7 @@ class Job:
         return self.src_raw.size if self.src_elements is None else self.src_elements
 
     def bits(self, layout):
-        return layout.encode(self.fm, self.dtype, src_elements=self.elements,
+        return layout.encode(self.dtype, src_elements=self.elements,
                              dst_size_code=self.dst_size_code, dst_cols=self.dst_cols,
                              valid_row=self.valid_row, valid_col=self.valid_col,
                              pos_m=self.pos_m, pos_k=self.pos_k, src_dtype=self.source_type,
@@ -418,13 +428,14 @@ def run_engine(jobs, stalls=Stalls(), seed=0, config=CONFIG, fifo_depth=4):
     outcomes = []
     sampled = (dut.src_req.valid, dut.src_req.payload, dut.src_rsp.ready, dut.dst.valid,
                dut.dst.payload.as_value(), dut.done, dut.commit, dut.fault,
-               dut.check.as_value(), dut.busy)
+               dut.check.as_value(), dut.busy, dut.fm.ready)
     addr_bits = dut.index_width
 
     async def bench(ctx):
         for job, stalls in jobs:
             memory = [int(v) | (int(d) << 32)
                       for v, d in zip(job.src_raw.tolist(), job.src_defined.tolist())]
+            await load_feature_map(ctx, dut, job.fm)
             ctx.set(dut.job.payload.as_value(), job.bits(dut.job_layout))
             ctx.set(dut.job.valid, 1)
             _, _, accepted = await ctx.tick().sample(dut.job.ready)
@@ -442,8 +453,9 @@ def run_engine(jobs, stalls=Stalls(), seed=0, config=CONFIG, fifo_depth=4):
                 ctx.set(inputs, req_ready | dst_ready << 1 | offer << 2
                         | (responses[0][1] << 3 if offer else 0))
                 (_, _, req_valid, index, rsp_ready, dst_valid, dst_bits, done, commit, fault,
-                 check, busy) = await ctx.tick().sample(*sampled)
+                 check, busy, fm_ready) = await ctx.tick().sample(*sampled)
                 cycle += 1
+                assert not fm_ready, "a feature map taken during a job"
                 # Stream rules on the engine's outputs.
                 assert offered_req is None or (req_valid and index == offered_req)
                 assert offered_dst is None or (dst_valid and dst_bits == offered_dst)

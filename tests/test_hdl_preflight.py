@@ -35,7 +35,6 @@ from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.descriptor import RecordLayout
-from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
 from ptocube.hdl.img2col_engine import Img2ColEngine
 from ptocube.hdl.preflight import (Check, Outcome, Preflight, _group_count, cube_shape,
                                    img2col_job, ordinary_shape)
@@ -56,6 +55,7 @@ from ptocube.model.machine import Machine
 from ptocube.model.postprocess import PREQUANT_MODES, ParamKind, d_dtype, group_count, group_n
 from ptocube.model.scenario import load_scenario
 from ptocube.model.state import PE_COUNT, Location, SharedTile, State, pes_of_mask, popcount
+from ptocube.sim.bench_img2col import load_feature_map
 
 from model_helpers import make_state, matrix_bundle, tile
 from img2col_cases import random_descriptor
@@ -204,7 +204,7 @@ class Result:
 
 class Bench(Elaboratable):
     """The preflight, plus (``with_engine``) a TIMG2COL engine fed by :func:`img2col_job`
-    from a source descriptor and feature map the testbench drives."""
+    from a source descriptor the testbench drives (it loads the feature map itself)."""
 
     def __init__(self, config=CONFIG, with_engine=False):
         self.dut = Preflight(config)
@@ -212,14 +212,13 @@ class Bench(Elaboratable):
         if with_engine:
             self.engine = Img2ColEngine(config)
             self.src_desc = Signal(TileDescLayout)
-            self.fm = Signal(FEATURE_MAP_DESCRIPTOR)
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.dut = dut = self.dut
         if self.with_engine:
             m.submodules.engine = engine = self.engine
-            job = img2col_job(m, plan=dut.plan, desc=self.src_desc, fm=self.fm,
+            job = img2col_job(m, plan=dut.plan, desc=self.src_desc,
                               tile_capacity=dut.alloc.tile_capacity, config=dut.config)
             m.d.comb += engine.job.payload.eq(job)
         return m
@@ -361,7 +360,7 @@ async def _run_engines(ctx, bench, state, record):
         ctx.set(bench.src_desc.as_value(), encode_tile(src))
         fm = (src.feature_map if src is not None and src.feature_map is not None
               else FeatureMapDescriptor(valid=False))
-        ctx.set(bench.fm.as_value(), FEATURE_MAP_DESCRIPTOR.encode(fm))
+        await load_feature_map(ctx, engine, fm)
         memory = ([] if src is None else
                   [int(v) | (int(d) << 32) for v, d in zip(src.raw_slots().tolist(),
                                                            src.defined.tolist())])

@@ -181,8 +181,17 @@ async def _engine_lookups(ctx, store):
 
 async def _load_sources(ctx, store, index):
     """PLACE a plan with no outputs whose TIMG2COL source is ``index``, then ``src_load``
-    each PE (PE3 first, so a load that does not happen shows): its ``src_desc`` and
-    ``src_fm``, checked to hold for a few cycles after ``src_pe`` moved on."""
+    each PE (PE3 first, so a load that does not happen shows): its ``src_desc`` and feature
+    map (``src_fm`` of every ``src_fm_part``, joined), checked to hold for a few cycles after
+    ``src_pe`` moved on."""
+
+    def source():
+        parts = []
+        for part in range(FM_PARTS):
+            ctx.set(store.src_fm_part, part)
+            parts.append(ctx.get(store.src_fm))
+        return ctx.get(Value.cast(store.src_desc)), join_parts(parts)
+
     ctx.set(store.plan.operands[9].index, index)
     for j in range(3):
         ctx.set(store.plan.outputs[j].role, OutputRole.NONE)
@@ -197,12 +206,11 @@ async def _load_sources(ctx, store, index):
         await ctx.tick()
         ctx.set(store.src_load, 0)
         ctx.set(store.src_pe, (p + 1) % 4)
-        source = (ctx.get(Value.cast(store.src_desc)), ctx.get(Value.cast(store.src_fm)))
+        loaded = source()
         for _ in range(3):
             await ctx.tick()
-            assert (ctx.get(Value.cast(store.src_desc)),
-                    ctx.get(Value.cast(store.src_fm))) == source, (index, p)
-        sources[p] = source
+            assert source() == loaded, (index, p)
+        sources[p] = loaded
     return [sources[p] for p in range(4)]
 
 
