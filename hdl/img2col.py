@@ -127,6 +127,7 @@ def feature_map_parts(fm: FeatureMapDescriptor) -> list[int]:
     bits = FEATURE_MAP_DESCRIPTOR.encode(fm)
     return [(bits >> (64 * part)) & ((1 << 64) - 1) for part in range(FM_PARTS)]
 
+
 #: Address generator command: the output extents and the window (the descriptor is the
 #: generator's ``fm`` input, held for the whole walk).
 AddressJobLayout = data.StructLayout({

@@ -3,9 +3,9 @@
 :class:`Img2ColEngine` takes one job - the facts the tile store knows about the source and
 destination tiles, after the source tile's feature-map descriptor has been loaded into the
 engine in 64-bit parts - and either publishes the destination window or reports the first
-fault in the golden model's order.  It is the
-hardware twin of :func:`ptocube.model.preflight.plan_img2col` from the destination shape check
-on, followed by :func:`ptocube.model.img2col.img2col` for one PE.
+fault in the golden model's order.  It is the hardware twin of
+:func:`ptocube.model.preflight.plan_img2col` from the destination shape check on, followed
+by :func:`ptocube.model.img2col.img2col` for one PE.
 
 Phases (``docs/hdl-img2col.md`` has the design notes):
 
