@@ -171,9 +171,14 @@ def _implicit_word(m: Module, rows_room, cols_room, pc_log, name: str) -> Signal
     return word
 
 
-def _entry_layout(desc_layout, config):
-    return data.StructLayout({"desc": desc_layout, "base": cell_addr_width(config),
-                              "undef": UNDEFINED_WIDTH, "synth": 1})
+def _entry_layout(desc_layout, config, *, feature_map=False):
+    fields = {"desc": desc_layout, "base": cell_addr_width(config), "undef": UNDEFINED_WIDTH,
+              "synth": 1}
+    if feature_map:
+        # Bit k: part k of the feature map was written since the register was allocated; the
+        # others read as zero, so allocation and publication need not clear the memory (T20).
+        fields["fm_set"] = FM_PARTS
+    return data.StructLayout(fields)
 
 
 class _ElementSource(NamedTuple):
@@ -224,15 +229,17 @@ class TileStore(wiring.Component):
     out_base : Out, per PE per plan output, the placed base CELL (valid after PLACE).
     src_load : In(1), src_pe : In(2)
         The start of a TIMG2COL job (decision T15): while the store is idle and ``src_load``
-        is high, it reads PE ``src_pe``'s SOURCE register (the plan's operand 9) and its
-        feature map, and serves that PE on ``i2c``.
+        is high, it reads PE ``src_pe``'s SOURCE register (the plan's operand 9) and part
+        ``src_fm_part`` of its feature map, and serves that PE on ``i2c``.
     src_desc : Out(TileDescLayout)
         That source's descriptor (for :func:`~ptocube.hdl.preflight.img2col_job`), from the
         cycle after ``src_load`` until the store's next read of that memory (a host command,
         a request, ``src_load``).
-    src_fm_part : In(range(FM_PARTS)), src_fm : Out(64)
-        Part ``src_fm_part`` of that source's feature-map descriptor, over the same cycles:
-        the TIMG2COL engine loads the 340 bits over a 64-bit path (decision T18).
+    src_fm_read : In(1), src_fm_part : In(range(FM_PARTS)), src_fm : Out(64)
+        The feature map goes out one 64-bit part at a time (decisions T18, T20): while the
+        store is idle, ``src_fm_read`` reads part ``src_fm_part`` of the loaded source's
+        feature map; ``src_fm`` shows the part read last from the next cycle until the
+        store's next read of the feature-map memory.
     tile_capacity : Out(32) - the system register.
     status_flags : Out(5) - the sticky numeric flags.
     idle : Out(1) - no host command or request in progress.
@@ -242,7 +249,7 @@ class TileStore(wiring.Component):
         self.config = config
         self.cw = cell_addr_width(config)
         self.ww = word_addr_width(config)
-        self.local_entry = _entry_layout(TileDescLayout, config)
+        self.local_entry = _entry_layout(TileDescLayout, config, feature_map=True)
         self.shared_entry = _entry_layout(SharedDescLayout, config)
         super().__init__({
             "tile_rd": In(TileReadSignature),
@@ -267,6 +274,7 @@ class TileStore(wiring.Component):
             "src_load": In(1),
             "src_pe": In(2),
             "src_desc": Out(TileDescLayout),
+            "src_fm_read": In(1),
             "src_fm_part": In(range(FM_PARTS)),
             "src_fm": Out(64),
             "tile_capacity": Out(32, init=CORE_TILE_CAPACITY_BYTES),
@@ -300,10 +308,11 @@ class TileStore(wiring.Component):
 
         lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
         sreg = Memory(shape=self.shared_entry, depth=256, init=[], attrs=_NO_COLLISION)
-        # The feature maps are stored as FM_PARTS 64-bit parts, each its own write lane, so a
-        # WRITE_FM writes its part without reading the others back (the read-modify-write
-        # through the block RAMs' outputs crowded them, issue #9).
-        fmr = Memory(shape=64 * FM_PARTS, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
+        # The feature maps are stored one 64-bit part to a word, the part number the high
+        # address bits: every reader takes one part at a time, so the block RAMs' outputs are
+        # one 64-bit bus and the part is chosen by address, not by a multiplexer of the whole
+        # entry (issue #9, decisions T16, T20).
+        fmr = Memory(shape=64, depth=FM_PARTS * PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
         m.submodules.local_regs, m.submodules.shared_regs = lreg, sreg
         m.submodules.fm_regs = fmr
         # One synchronous read port per table, shared by every agent (decision T11): the
@@ -311,16 +320,13 @@ class TileStore(wiring.Component):
         # hold until the next read.
         l_rd, l_wr = _BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
         s_rd, s_wr = _BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
-        fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port(granularity=64)
-        # One 64-bit part of the feature map the read register holds, for the host's READ_FM
-        # and the TIMG2COL engine's load: the whole entry goes no further than this
-        # multiplexer beside the block RAMs (T18).
-        fm_part_sel = Signal(range(FM_PARTS), name="fm_part_sel")
+        fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port()
+        # The part read last, for the host's READ_FM and the TIMG2COL engine's load; zero
+        # unless written since allocation (``fm_set`` of the Local entry read with it).
+        fm_read_part = Signal(range(FM_PARTS), name="fm_read_part")
         fm_part = Signal(64, name="fm_part")
-        m.d.comb += [fm_part_sel.eq(self.src_fm_part),
-                     fm_part.eq(Cat(fm_rd.data[:FEATURE_MAP_DESCRIPTOR.size],
-                                    Const(0, 64 * FM_PARTS - FEATURE_MAP_DESCRIPTOR.size))
-                                .word_select(fm_part_sel, 64))]
+        m.d.comb += fm_part.eq(Mux(l_rd.data.fm_set.bit_select(fm_read_part, 1),
+                                   fm_rd.data, 0))
 
         def read_local(addr):
             m.d.comb += [l_rd.en.eq(1), l_rd.addr.eq(addr)]
@@ -328,8 +334,9 @@ class TileStore(wiring.Component):
         def read_shared(addr):
             m.d.comb += [s_rd.en.eq(1), s_rd.addr.eq(addr)]
 
-        def read_fm(addr):
-            m.d.comb += [fm_rd.en.eq(1), fm_rd.addr.eq(addr)]
+        def read_fm(entry, part):
+            m.d.comb += [fm_rd.en.eq(1), fm_rd.addr.eq(Cat(entry, part))]
+            m.d.sync += fm_read_part.eq(part)
 
         # GPRs: a memory for the 64-bit reads (host, preflight), and registers for the
         # decoder's combinational GPR[15:0] (not reset, like the memory).  GPR0 is never
@@ -405,7 +412,8 @@ class TileStore(wiring.Component):
             for j in range(3):
                 m.d.comb += self.out_base[p][j].eq(bases[p][j])
         # The running TIMG2COL job's source (T15): the block RAMs' read registers hold the
-        # entry and feature map that ``src_load`` read, for the job's formation; the element
+        # entry that ``src_load`` read and the feature-map part read last, for the job's
+        # formation and the engine's feature-map load (T20); the element
         # port works from a copy of the entry made a cycle later, with the PE, its placed
         # output's base and the valid region's bounds in storage order (implicit flags, T5).
         m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_part)]
@@ -430,6 +438,8 @@ class TileStore(wiring.Component):
 
         plan = self.plan
         outs = plan.outputs
+        source = Cat(plan.operands[9].index[:6], self.src_pe)     # its Local entry
+        src_local = Signal(8, name="src_local")                   # ... as ``src_load`` read it
         pe_sel = Signal(4)                      # bit p: PE p selected (plan mask is PE0 = bit 3)
         m.d.comb += pe_sel.eq(Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1],
                                   plan.pe_mask[0]))
@@ -561,9 +571,6 @@ class TileStore(wiring.Component):
                 with m.If(pe == q):
                     m.d.sync += held[q].bit_select(index, 1).eq(bit)
 
-        def clear_fm(addr):
-            m.d.comb += [fm_wr.en.eq(-1), fm_wr.addr.eq(addr), fm_wr.data.eq(0)]
-
         read_flags = Signal()
         read_word = Signal(64)                  # HOST_READ: the payload or flag word read
         read_synth = Signal(64)                 # HOST_READ: the implicit flags of that word
@@ -625,15 +632,20 @@ class TileStore(wiring.Component):
                         with m.Case(StoreOp.ABORT):
                             m.next = "FREE_PLACED"
                 with m.Elif(self.src_load):
-                    source = Cat(plan.operands[9].index[:6], self.src_pe)
-                    read_local(source), read_fm(source)
-                    m.d.sync += [src_latch.eq(1), src.pe.eq(1 << self.src_pe)]
+                    read_local(source), read_fm(source, self.src_fm_part)
+                    m.d.sync += [src_latch.eq(1), src.pe.eq(1 << self.src_pe),
+                                 src_local.eq(source)]
+                with m.Elif(self.src_fm_read):
+                    read_fm(src_local, self.src_fm_part)
                 with m.Elif(host_go):
                     m.d.comb += self.host_cmd.ready.eq(1)
                     m.d.sync += cmd.eq(self.host_cmd.payload)
                     taken = self.host_cmd.payload
                     local = Cat(taken.index[:6], Value.cast(taken.space)[:2])
-                    read_local(local), read_shared(taken.index), read_fm(local)
+                    # A part number READ_FM refuses reads part 0, inside the memory.
+                    part = taken.addr[:3]
+                    read_local(local), read_shared(taken.index)
+                    read_fm(local, Mux(part < FM_PARTS, part, 0))
                     read_gpr(taken.index[:5])
                     m.next = "HOST_FACTS"
 
@@ -678,7 +690,6 @@ class TileStore(wiring.Component):
                             with m.Case(DESC_PART_UNDEFINED):
                                 m.d.sync += f_value.eq(Mux(is_pe, le.undef, se.undef))
                     with m.Case(HostOp.READ_FM):
-                        m.d.comb += fm_part_sel.eq(cmd.addr[:3])
                         m.d.sync += f_value.eq(fm_part)
                     with m.Case(HostOp.READ_GPR):
                         m.d.sync += f_value.eq(g_rd.data)
@@ -747,7 +758,6 @@ class TileStore(wiring.Component):
                                 m.d.sync += in_use.eq(in_use - f_bytes)
                                 with m.If(is_pe):
                                     write_local(Cat(idx[:6], space[:2]), 0)
-                                    clear_fm(Cat(idx[:6], space[:2]))
                                     set_held(space[:2], idx[:6], 0)
                                     m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]]
                                                                        - f_bytes)
@@ -825,9 +835,17 @@ class TileStore(wiring.Component):
                             with m.Elif(op == HostOp.READ_FM):
                                 reply(f_value)
                             with m.Else():
-                                m.d.comb += [fm_wr.en.eq(1 << cmd.addr[:3]),
-                                             fm_wr.addr.eq(Cat(idx[:6], space[:2])),
-                                             fm_wr.data.eq(cmd.data.replicate(FM_PARTS))]
+                                # The last part keeps only the descriptor's bits.
+                                part, entry = cmd.addr[:3], Cat(idx[:6], space[:2])
+                                last_bits = FEATURE_MAP_DESCRIPTOR.size - 64 * (FM_PARTS - 1)
+                                m.d.comb += [
+                                    fm_wr.en.eq(1), fm_wr.addr.eq(Cat(entry, part)),
+                                    fm_wr.data.eq(Mux(part == FM_PARTS - 1,
+                                                      cmd.data[:last_bits], cmd.data)),
+                                    new_local.eq(le),
+                                    new_local.fm_set.eq(le.fm_set | (1 << part)),
+                                ]
+                                write_local(entry, new_local)
                                 reply(0)
                         with m.Case(HostOp.WRITE_GPR):
                             with m.If((idx == 0) | (idx >= GPR_COUNT)):
@@ -897,7 +915,6 @@ class TileStore(wiring.Component):
                     m.d.comb += [new_local.desc.eq(staged_l), new_local.base.eq(cfg_base),
                                  new_local.undef.eq(undef_init)]
                     write_local(Cat(idx[:6], space[:2]), new_local)
-                    clear_fm(Cat(idx[:6], space[:2]))
                     set_held(space[:2], idx[:6], 1)
                     m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]] + cfg_bytes)
                 with m.Else():
@@ -972,7 +989,6 @@ class TileStore(wiring.Component):
                         new_local.base.eq(bases[walk_pe][walk_j]), new_local.synth.eq(1),
                     ]
                     write_local(Cat(o.index, walk_pe), new_local)
-                    clear_fm(Cat(o.index, walk_pe))
                     nbytes = out_cells[walk_j] << 7
                     set_held(walk_pe, o.index, 1)
                     m.d.sync += [pe_bytes[walk_pe].eq(pe_bytes[walk_pe] + nbytes),

@@ -128,10 +128,10 @@ class CubeUnit(wiring.Component):
         job = img2col_job(m, plan=pf.plan, desc=st.src_desc, tile_capacity=st.tile_capacity,
                           config=cfg)
         m.d.comb += eng.job.payload.eq(job)
-        # The source's feature map goes to the engine one 64-bit part a cycle (T18).
+        # The source's feature map goes to the engine one 64-bit part a cycle (T18): the
+        # store reads part k + 1 while the engine takes part k (T20).
         fm_part = Signal(range(FM_PARTS + 1), name="img2col_fm_part")   # parts sent
-        m.d.comb += [st.src_fm_part.eq(fm_part), eng.fm.payload.part.eq(fm_part),
-                     eng.fm.payload.data.eq(st.src_fm)]
+        m.d.comb += [eng.fm.payload.part.eq(fm_part), eng.fm.payload.data.eq(st.src_fm)]
 
         plan = pf.plan
         pe_sel = Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1], plan.pe_mask[0])
@@ -240,16 +240,17 @@ class CubeUnit(wiring.Component):
                         m.next = "IDLE"
             with m.State("IMG2COL"):
                 # One job per selected PE, PE0 first (decision T10).  The store reads the
-                # PE's source and feature map first (one cycle, decision T15), then the
-                # engine takes the feature map (FM_PARTS cycles, T18).
+                # PE's source and the feature map's first part (one cycle, decision T15),
+                # then the engine takes the feature map (FM_PARTS cycles, T18, T20).
                 m.d.comb += self.phase.eq(2)
                 loaded, started = Signal(), Signal()
                 with m.If(~loaded):
-                    m.d.comb += st.src_load.eq(1)
+                    m.d.comb += [st.src_load.eq(1), st.src_fm_part.eq(0)]
                     m.d.sync += loaded.eq(1)
                 with m.Elif(fm_part != FM_PARTS):
-                    m.d.comb += eng.fm.valid.eq(1)
+                    m.d.comb += [eng.fm.valid.eq(1), st.src_fm_part.eq(fm_part + 1)]
                     with m.If(eng.fm.ready):
+                        m.d.comb += st.src_fm_read.eq(fm_part != FM_PARTS - 1)
                         m.d.sync += fm_part.eq(fm_part + 1)
                 with m.Elif(~started):
                     m.d.comb += eng.job.valid.eq(1)

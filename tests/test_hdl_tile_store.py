@@ -182,14 +182,20 @@ async def _engine_lookups(ctx, store):
 async def _load_sources(ctx, store, index):
     """PLACE a plan with no outputs whose TIMG2COL source is ``index``, then ``src_load``
     each PE (PE3 first, so a load that does not happen shows): its ``src_desc`` and feature
-    map (``src_fm`` of every ``src_fm_part``, joined), checked to hold for a few cycles after
-    ``src_pe`` moved on."""
+    map (``src_fm`` after ``src_fm_read`` of every ``src_fm_part``, joined; ``src_load``
+    reads part 0), read again after ``src_pe`` moved on; a part holds until the next
+    read."""
 
-    def source():
+    async def source():
         parts = []
         for part in range(FM_PARTS):
             ctx.set(store.src_fm_part, part)
+            ctx.set(store.src_fm_read, 1)
+            await ctx.tick()
+            ctx.set(store.src_fm_read, 0)
             parts.append(ctx.get(store.src_fm))
+            await ctx.tick()
+            assert ctx.get(store.src_fm) == parts[-1]
         return ctx.get(Value.cast(store.src_desc)), join_parts(parts)
 
     ctx.set(store.plan.operands[9].index, index)
@@ -202,14 +208,17 @@ async def _load_sources(ctx, store, index):
     sources = {}
     for p in reversed(range(4)):
         ctx.set(store.src_pe, p)
+        ctx.set(store.src_fm_part, 0)
         ctx.set(store.src_load, 1)
         await ctx.tick()
         ctx.set(store.src_load, 0)
+        first_part = ctx.get(store.src_fm)          # src_load reads a part too
         ctx.set(store.src_pe, (p + 1) % 4)
-        loaded = source()
+        loaded = await source()
+        assert first_part == loaded[1] & ((1 << 64) - 1), (index, p)
         for _ in range(3):
             await ctx.tick()
-            assert source() == loaded, (index, p)
+            assert await source() == loaded, (index, p)
         sources[p] = loaded
     return [sources[p] for p in range(4)]
 

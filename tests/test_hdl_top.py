@@ -176,10 +176,21 @@ def test_fragmentation_faults_with_tile_allocation():
     su = SimUnit(config, cube=False)
     out = {}
     fill = [("T", 8 * 128), ("U", 128), ("T", 8 * 128), ("U", 128), ("N", 14 * 128 - 128)]
+    fm_parts = split_parts(FEATURE_MAP_DESCRIPTOR.encode(FM_8X8), 6)
 
     async def main(ctx):
         await su.setup(ctx)
         await su.drive(ctx, load_state(state, config))                # M#1: CELL 0
+        # T#1 (index 0) has held a feature map before the reuse program publishes it: the
+        # stale parts stay in the memory, and the new register reads none (decision T20).
+        tile = Tile.from_raw(DataType.S8, Layout.ROW_MAJOR, [[1]], 128)
+        for part, word in enumerate(split_parts(encode_tile(tile), 2)):
+            await su.transact(ctx, HostCommand(HostOp.DESC_PART, addr=part, data=word))
+        assert (await su.transact(ctx, HostCommand(HostOp.CONFIGURE, 0, 0))).ok
+        for part in range(6):
+            stale = HostCommand(HostOp.WRITE_FM, 0, 0, part, 2**64 - 1)
+            assert (await su.transact(ctx, stale)).ok
+        assert (await su.transact(ctx, HostCommand(HostOp.FREE, 0, 0))).ok
         bases = []
         for k, (hand, size) in enumerate(fill):
             index = "TUMN".index(hand) * 16 + k
@@ -200,13 +211,17 @@ def test_fragmentation_faults_with_tile_allocation():
         out["tile"] = await su.drive(ctx, read_tile(0, 33))
         out["flags"] = (await su.transact(ctx, HostCommand(HostOp.READ_FLAGS, 0, 33))).data
         # The published output becomes a TIMG2COL source (its flags are implicit, T5).
-        for part, word in enumerate(split_parts(FEATURE_MAP_DESCRIPTOR.encode(FM_8X8), 6)):
+        for part, word in enumerate(fm_parts):
             assert (await su.transact(ctx, HostCommand(HostOp.WRITE_FM, 0, 33, part, word))).ok
         start = len(su.statuses)
         await su.send_beats(ctx, program_beats(REUSE_PROGRAM))
         await su.drain(ctx)
         out["reuse"] = su.statuses[start:]
         out["reuse_tile"] = await su.drive(ctx, read_tile(0, 0))
+        out["reuse_fm"] = [(await su.transact(ctx, HostCommand(HostOp.READ_FM, 0, 0, a))).data
+                           for a in range(6)]
+        out["source_fm"] = [(await su.transact(ctx, HostCommand(HostOp.READ_FM, 0, 33, a))).data
+                            for a in range(6)]
         await su.drive(ctx, clear_state(state))
         big = dict(_example_source(), tsize=8192)
         too_big = _scenario("too-big", _i2c(), tiles={"all": {"M": [big]}})
@@ -231,6 +246,7 @@ def test_fragmentation_faults_with_tile_allocation():
     assert [r.fault for r in expected] == [s.fault for s in out["reuse"]]
     assert expected[0].published[0].tile.raw().tolist() == [
         [int(v, 16) for v in row] for row in out["reuse_tile"]["data"]]
+    assert out["reuse_fm"] == [0] * 6 and out["source_fm"] == fm_parts and any(fm_parts)
     assert isinstance(out["too_big"], HardwareUnavailable)
     assert "does not fit the tile memory of this build (4096 B per PE" in str(out["too_big"])
 
