@@ -65,6 +65,9 @@ class Board:
                on it yet (F25).
     unit_fits: whether the whole unit fits the device; ``build --design unit`` is refused
                without ``--force`` where it does not.
+    unit_placer: the nextpnr placer for the whole unit (``None``: nextpnr's default, heap):
+               ``static`` on the ECP5 boards, where heap packs the unit into part of the
+               device and router2 stalls in the congestion (decision F26).
     """
 
     name: str
@@ -77,6 +80,7 @@ class Board:
     unit_mhz: float | None = None
     design: str = "unit"
     unit_fits: bool = True
+    unit_placer: str | None = None
 
     def __post_init__(self):
         if self.design not in SELFTEST_DESIGNS:
@@ -115,10 +119,10 @@ BOARDS = {b.name: b for b in [
     # (docs/fpga.md, session 7), so these boards build the array self-test by default (F25).
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
-          design="array"),
+          design="array", unit_placer="static"),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
-          ECP5_UNIT_MHZ, design="array"),
+          ECP5_UNIT_MHZ, design="array", unit_placer="static"),
 ]}
 
 
@@ -184,17 +188,19 @@ class BuildResult:
     figures: PnrResult
     seconds: float
     design: str | None = None
+    placer: str | None = None
 
     def to_json(self) -> dict:
         """A plain dictionary for ``summary.json``."""
-        return {"board": self.board, "design": self.design, "bitstream": str(self.bitstream),
+        return {"board": self.board, "design": self.design, "placer": self.placer,
+                "bitstream": str(self.bitstream),
                 "bitstream_bytes": self.bitstream.stat().st_size, "seconds": self.seconds,
                 "timing_met": self.figures.timing_met, **self.figures.to_json()}
 
 
 def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
-                    router: str | None = None, design: str | None = None,
-                    timeout: float | None = None) -> BuildResult:
+                    router: str | None = None, placer: str | None = None,
+                    design: str | None = None, timeout: float | None = None) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
     ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design``, the name of
     what ``top`` carries, e.g. ``unit`` or ``array``).
@@ -211,6 +217,8 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
     nextpnr_opts = ["--report", "top.report.json", "--seed", str(seed), "--timing-allow-fail"]
     if router is not None:
         nextpnr_opts += ["--router", router]
+    if placer is not None:
+        nextpnr_opts += ["--placer", placer]
     overrides = {"nextpnr_opts": " ".join(nextpnr_opts),
                  "script_after_synth": "tee -q -o top.stat.json stat -json"}
     if brd.device.family == "ice40":
@@ -239,7 +247,7 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
     figures = result_from_files(brd.device, out / "top.stat.json", out / "top.report.json",
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,
-                         round(time.monotonic() - start, 2), design)
+                         round(time.monotonic() - start, 2), design, placer)
     figures.seconds = result.seconds
     (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result

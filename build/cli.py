@@ -62,6 +62,9 @@ def _board_arguments(parser, board_required=True):
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr router (router2 for congested ECP5 designs)")
+    parser.add_argument("--placer", choices=("heap", "static", "sa"),
+                        help="nextpnr placer (default: nextpnr's, heap; build --design "
+                             "unit: the board's, static on the ECP5 boards)")
 
 
 def _out_dir(args, brd):
@@ -115,8 +118,9 @@ def run_build(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
+        placer = args.placer or (brd.unit_placer if design_name == "unit" else None)
         result = build_bitstream(brd, top, out, seed=args.seed, router=args.router,
-                                 design=design_name,
+                                 placer=placer, design=design_name,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -173,8 +177,9 @@ def run_synth(args) -> int:
     work = out / f"synth-{name}-{args.design}"
     config = fpga_config(preset(name), brd.device.family)
     result = place_and_route(design(args.design, config), brd.device, freq_mhz=freq,
-                             seed=args.seed, workdir=work, wrap=True, router=args.router)
-    report = {"board": brd.name, "preset": name, "design": args.design,
+                             seed=args.seed, workdir=work, wrap=True, router=args.router,
+                             placer=args.placer)
+    report = {"board": brd.name, "preset": name, "design": args.design, "placer": args.placer,
               "dsp_primitives": config.dsp_primitives, **result.to_json()}
     json_path = out / f"synth-{name}-{args.design}.json"
     json_path.write_text(json.dumps(report, indent=1) + "\n")

@@ -332,7 +332,8 @@ def synthesize(design, device: Device, workdir, *, top_name: str = "top",
 
 def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
                     workdir=None, top_name: str = "top", wrap: bool = False,
-                    router: str | None = None, timeout: float | None = None) -> PnrResult:
+                    router: str | None = None, placer: str | None = None,
+                    timeout: float | None = None) -> PnrResult:
     """Synthesize ``design`` and place and route it on ``device``.
 
     design:   an Amaranth elaboratable, or the path of a Verilog (``.v``/``.sv``) or RTLIL
@@ -345,6 +346,7 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
     wrap:     put the component behind :class:`PinLightWrapper` first.
     router:   ``"router1"`` or ``"router2"`` (nextpnr's default if ``None``; router2 converges
               on congested, DSP-heavy ECP5 designs where router1 stalls).
+    placer:   ``"heap"``, ``"static"`` or ``"sa"`` (nextpnr's default, heap, if ``None``).
     Raises :class:`ToolError` when a tool fails (e.g. the design does not fit).
     """
     if freq_mhz <= 0:
@@ -354,7 +356,8 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="ptocube-pnr-") as tmp:
             return place_and_route(design, device, freq_mhz=freq_mhz, seed=seed, workdir=tmp,
-                                   top_name=top_name, router=router, timeout=timeout)
+                                   top_name=top_name, router=router, placer=placer,
+                                   timeout=timeout)
     workdir = Path(workdir)
     start = time.monotonic()
     synthesize(design, device, workdir, top_name=top_name, timeout=timeout)
@@ -368,6 +371,8 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
         args += ["--pcf-allow-unconstrained", "--asc", f"{top_name}.asc"]
     if router is not None:
         args += ["--router", router]
+    if placer is not None:
+        args += ["--placer", placer]
     _run(args, workdir, f"{top_name}.pnr.log", timeout)
     return result_from_files(device, workdir / f"{top_name}.stat.json",
                              workdir / f"{top_name}.report.json", seed=seed,

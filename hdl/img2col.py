@@ -40,8 +40,9 @@ import math
 import operator
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..model.img2col import FeatureMapDescriptor, FeatureMapLayout
@@ -223,6 +224,13 @@ class SerialProgram:
     ``2**width - 1`` (then ``sub`` is not allowed): a clamped value stands for "at least
     that", which keeps range checks on products of 16-bit fields exact.
 
+    Operand file: a register that a multiply-add writes and a later multiply-add reads back
+    as ``x`` or ``z`` is also written, as its register holds it, into a small LUT RAM per
+    port, and those reads come from the RAM.  The ``x`` and ``z`` multiplexers then choose
+    only among the inputs, constants and division results, instead of among every register
+    of the program (their wide AND-OR cones were the most congested logic of the TIMG2COL
+    engine on the ECP5, issue #9).
+
     Use ``m.d.sync += program.start()`` to run it from cycle 0; :attr:`busy` is high until
     the last step has written its result; ``program.stop()`` abandons it (nothing is
     written after that).
@@ -349,16 +357,40 @@ class SerialProgram:
                    if isinstance(step, MulAdd)]
         divisions = [(issue, step) for step, (issue, _) in zip(self.steps, self.schedule)
                      if isinstance(step, DivMod)]
+        file_reads, slots = self._operand_file_reads()
+
+        def port(field, name):
+            """The x or z operand: the operand file's read data where the step reads it
+            from there, else the AND-OR of the other sources."""
+            direct, cycles = [], {}
+            for k, (issue, step) in enumerate(muladds):
+                if (k, field) in file_reads:
+                    cycles[issue] = slots[id(getattr(step, field))]
+                else:
+                    direct.append((issue, getattr(step, field)))
+            value = select(direct, w, name)
+            if not cycles:
+                return value
+            memory = m.submodules[f"{name}_file"] = Memory(shape=w, depth=len(slots), init=[])
+            read = memory.read_port(domain="comb")
+            files.append(memory)
+            # The slot is decoded from the counter a cycle ahead, like the selects.
+            with m.Switch(self.pc):
+                for issue, slot in cycles.items():
+                    with m.Case(issue - 1):
+                        m.d.sync += read.addr.eq(slot)
+            return value | (read.data & ahead(list(cycles), f"{name}_file_sel").replicate(w))
 
         # Multiply-add: operands, then product, then sum - one register stage each.
+        files = []
         x = Signal(w, name="mul_x")
         y = Signal(self.y_width, name="mul_y")
         z = Signal(w, name="mul_z")
         sub = Signal(name="mul_sub")
         m.d.sync += [
-            x.eq(select([(i, s.x) for i, s in muladds], w, "mul_x")),
+            x.eq(port("x", "mul_x")),
             y.eq(select([(i, s.y) for i, s in muladds], self.y_width, "mul_y")),
-            z.eq(select([(i, s.z) for i, s in muladds], w, "mul_z")),
+            z.eq(port("z", "mul_z")),
         ]
         m.d.sync += sub.eq(ahead([i for i, s in muladds if s.sub], "mul_sub_sel"))
         product = Signal(w + self.y_width if self.saturate else w, name="mul_product")
@@ -416,6 +448,55 @@ class SerialProgram:
                 self._enables.append(enable)
                 with m.If(enable):
                     m.d.sync += dst.eq(value)
+        if files:
+            self._emit_file_writes(m, files, slots, result, ahead)
+
+    def _operand_file_reads(self):
+        """Which x and z reads the operand file serves, and the file's slot per register.
+
+        A read is served when the register's last writer before it, in program order, is a
+        multiply-add (the file holds what multiply-adds wrote): ``(k, "x")`` for the x
+        operand of the k-th multiply-add.  Returns (reads, {id(register): slot}).
+        """
+        last_writer, reads, slots, k = {}, set(), {}, 0
+        for step in self.steps:
+            if isinstance(step, MulAdd):
+                for field in ("x", "z"):
+                    value = getattr(step, field)
+                    if isinstance(value, Signal) and last_writer.get(id(value)) is MulAdd:
+                        reads.add((k, field))
+                        slots.setdefault(id(value), len(slots))
+                k += 1
+            for dst in self._destinations(step):
+                last_writer[id(dst)] = type(step)
+        return reads, slots
+
+    def _emit_file_writes(self, m, files, slots, result, ahead):
+        """Write every multiply-add result whose register has a slot into the operand files,
+        converted as that register holds it (its width and signedness)."""
+        by_shape, addresses = {}, {}        # shape -> write cycles; cycle -> slot
+        for step, (_, write) in zip(self.steps, self.schedule):
+            if isinstance(step, MulAdd) and id(step.dst) in slots:
+                shape = Shape.cast(step.dst.shape())
+                by_shape.setdefault((shape.width, shape.signed), []).append(write)
+                addresses[write] = slots[id(step.dst)]
+        data = []
+        for (width, is_signed), cycles in by_shape.items():
+            held = Signal(Shape(width, is_signed), name=f"file_held{len(data)}")
+            widened = Signal(self.width, name=f"file_data{len(data)}")
+            m.d.comb += [held.eq(result), widened.eq(held)]
+            data.append(widened & ahead(cycles, f"file_shape{len(data)}").replicate(self.width))
+        enable = ahead(list(addresses), "file_write")
+        self._enables.append(enable)
+        address = Signal(range(len(slots)), name="file_write_addr")
+        with m.Switch(self.pc):
+            for write, slot in addresses.items():
+                with m.Case(write - 1):
+                    m.d.sync += address.eq(slot)
+        for memory in files:
+            port = memory.write_port()
+            m.d.comb += [port.en.eq(enable), port.addr.eq(address),
+                         port.data.eq(functools.reduce(operator.or_, data))]
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ptocube.build import boards, cli, selftest
+from ptocube.build import array_selftest, boards, cli, selftest
 from ptocube.build.boards import BOARDS, BoardTop, board
 from ptocube.build.ecp5_pll import pll_dividers
 from ptocube.build.selftest import STATUS_MASK, SelfTest
@@ -68,6 +68,14 @@ def test_counter_figures(device, tmp_path):
     data = json.loads(json.dumps(r.to_json()))
     assert data["utilization"]["ff"]["used"] == 24
     assert 0 < data["utilization"]["logic"]["share"] < 0.01
+
+
+def test_placer_choice(tmp_path):
+    """``placer`` reaches nextpnr: the static placer places the counter (on the whole unit
+    it spreads the logic over the device, docs/fpga.md)."""
+    r = place_and_route(Counter(), ECP5, freq_mhz=50, workdir=tmp_path, placer="static")
+    assert r.ff == 24 and r.timing_met
+    assert "Running Static placer" in (tmp_path / "top.pnr.log").read_text()
 
 
 def test_missed_constraint_is_reported_not_raised():
@@ -176,6 +184,29 @@ def test_cli_build_design_choice(monkeypatch, capsys):
     assert [b.unit_fits for b in BOARDS.values()] == [False, True, True]
     with pytest.raises(Asked):
         _cli("build", "--board", "ulx3s-85f", "--design", "unit")
+
+
+def test_cli_build_placer(monkeypatch):
+    # The whole unit places with the static placer on the ECP5 boards (F26); the array and
+    # the iCEBreaker keep nextpnr's default, and --placer overrides both.
+    asked = []
+
+    def fake_build(brd, top, out, **kwargs):
+        asked.append((brd.name, kwargs["design"], kwargs["placer"]))
+        raise ToolError("stop here")
+    monkeypatch.setattr(boards, "build_bitstream", fake_build)
+    monkeypatch.setattr(boards, "BoardTop", lambda *args, **kwargs: None)
+    monkeypatch.setattr(selftest, "unit_selftest", lambda config, **kwargs: None)
+    monkeypatch.setattr(array_selftest, "array_selftest", lambda config, **kwargs: None)
+    for argv in (["--board", "ulx3s-85f", "--design", "unit"],
+                 ["--board", "ecpix5-85", "--design", "unit"],
+                 ["--board", "ulx3s-85f"],
+                 ["--board", "icebreaker"],
+                 ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap"]):
+        assert _cli("build", *argv) == 1
+    assert asked == [("ulx3s-85f", "unit", "static"), ("ecpix5-85", "unit", "static"),
+                     ("ulx3s-85f", "array", None), ("icebreaker", "array", None),
+                     ("ulx3s-85f", "unit", "heap")]
 
 
 def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
