@@ -73,6 +73,11 @@ PRESETS = {
     "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
                             int_product_register=True,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
+    # The ecp5-int8 unit with a 4x4 array: the whole unit routes on the ECP5-85F with
+    # nextpnr's static placer (docs/fpga.md, session 10), the 8x8 one not yet.
+    "ecp5-int4": CubeConfig(rows=4, cols=4, float_types=False, mx_types=False,
+                            int_product_register=True,
+                            tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # All type classes on a 2x2 array for the ECP5-85F: one full-type PE takes about
     # 2,800 logic cells, so a 4x4 array alone would fill 54 % of the device (docs/fpga.md).
     "ecp5-full": CubeConfig(rows=2, cols=2, tile_bytes_per_pe=16 * 1024,
