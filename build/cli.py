@@ -58,10 +58,12 @@ def _board_arguments(parser, board_required=True):
     parser.add_argument("--board", required=board_required, choices=sorted(BOARDS),
                         help="target board")
     parser.add_argument("--preset", choices=sorted(PRESETS),
-                        help="configuration preset (default: the board's)")
+                        help="configuration preset (default: the board's; build --design "
+                             "unit: the board's unit preset, ecp5-int4 on the ECP5 boards)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
     parser.add_argument("--router", choices=("router1", "router2"),
-                        help="nextpnr router (router2 for congested ECP5 designs)")
+                        help="nextpnr router (default: nextpnr's, router1; build --design "
+                             "unit: the board's, router2 on the ECP5 boards)")
     parser.add_argument("--placer", choices=("heap", "static", "sa"),
                         help="nextpnr placer (default: nextpnr's, heap; build --design "
                              "unit: the board's, static on the ECP5 boards)")
@@ -81,8 +83,8 @@ def add_build_arguments(parser):
                              "docs/fpga.md)")
     parser.add_argument("--design", choices=SELFTEST_DESIGNS,
                         help="what the self-test checks: the whole unit, or the preset's "
-                             "systolic array alone (default: the board's, for now the array "
-                             "on every board)")
+                             "systolic array alone (default: the board's, the unit on the "
+                             "ULX3S, the array on the others)")
     parser.add_argument("--timeout", type=float, metavar="MINUTES",
                         help="stop the tools after this long and fail (default: no limit)")
     parser.add_argument("--force", action="store_true",
@@ -98,9 +100,10 @@ def run_build(args) -> int:
     from .boards import BoardTop, build_bitstream
     from .pnr import ToolError
     brd = board(args.board)
-    name = args.preset or brd.preset
     design_name = args.design or brd.design
-    if design_name == "unit" and not brd.unit_fits and not args.force:
+    unit = design_name == "unit"
+    name = args.preset or (unit and brd.unit_preset) or brd.preset
+    if unit and not brd.unit_fits and not args.force:
         print(f"error: the whole {name} unit does not fit the {brd.name}'s FPGA "
               f"({brd.device}; docs/fpga.md, \"Breakdown by component\" and \"The array "
               f"self-test\"): build --design array (the board's default), or add --force to "
@@ -118,8 +121,9 @@ def run_build(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        placer = args.placer or (brd.unit_placer if design_name == "unit" else None)
-        result = build_bitstream(brd, top, out, seed=args.seed, router=args.router,
+        placer = args.placer or (brd.unit_placer if unit else None)
+        router = args.router or (brd.unit_router if unit else None)
+        result = build_bitstream(brd, top, out, seed=args.seed, router=router,
                                  placer=placer, design=design_name,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except ToolError as error:

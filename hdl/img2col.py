@@ -358,6 +358,7 @@ class SerialProgram:
         divisions = [(issue, step) for step, (issue, _) in zip(self.steps, self.schedule)
                      if isinstance(step, DivMod)]
         file_reads, slots = self._operand_file_reads()
+        files = []          # the operand files port() makes, written after the datapath
 
         def port(field, name):
             """The x or z operand: the operand file's read data where the step reads it
@@ -382,7 +383,6 @@ class SerialProgram:
             return value | (read.data & ahead(list(cycles), f"{name}_file_sel").replicate(w))
 
         # Multiply-add: operands, then product, then sum - one register stage each.
-        files = []
         x = Signal(w, name="mul_x")
         y = Signal(self.y_width, name="mul_y")
         z = Signal(w, name="mul_z")
@@ -522,8 +522,8 @@ class Img2ColAddressGenerator(wiring.Component):
         left the first output stage.  The payload is copied on acceptance.
     fm : In(FEATURE_MAP_DESCRIPTOR)
         The window's feature-map descriptor, held from the command's acceptance until
-        ``busy`` falls.  It is not copied: the TIMG2COL engine's own register feeds it, so
-        the 340 bits are stored once (issue #9, decision T18).
+        ``busy`` falls.  The generator copies it every cycle it is idle, so its setup
+        program and walk read a register of their own (decision E18).
     out : Out(stream.Signature(AddressLayout(index_width)))
         The window's elements in destination row-major order, at most one per cycle; the
         payload is registered.  ``index`` is the source storage index (the feature map's
@@ -559,7 +559,10 @@ class Img2ColAddressGenerator(wiring.Component):
         a_w, b_w = self.index_width, self.arith_width
 
         job = Signal(AddressJobLayout, name="job")
-        fm = self.fm
+        # The engine's register would otherwise feed both setup programs and the walk:
+        # with a copy of its own the generator's readers need not gather at that register
+        # (decision E18).
+        fm = Signal(FEATURE_MAP_DESCRIPTOR, name="fm_held")
         c0_n, kw_n, kh_n = fm.channels_per_group, fm.filter_width, fm.filter_height
 
         def registers(shape, *names):
@@ -720,6 +723,7 @@ class Img2ColAddressGenerator(wiring.Component):
             with m.State("IDLE"):
                 # An element still in the first stage needs this job's map size.
                 m.d.comb += [idle.eq(1), self.cmd.ready.eq(~self.abort & ~element_valid)]
+                m.d.sync += fm.eq(self.fm)
                 with m.If(self.cmd.valid & self.cmd.ready):
                     m.d.sync += [job.eq(self.cmd.payload), *program.start()]
                     m.next = "SETUP"

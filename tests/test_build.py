@@ -119,16 +119,17 @@ def test_verilog_file_input(tmp_path):
 
 
 @pytest.mark.parametrize("name,design", [
-    ("icebreaker", None), ("ulx3s-85f", "unit"),
+    ("icebreaker", None), ("ulx3s-85f", None),
     pytest.param("ecpix5-85", "unit", marks=pytest.mark.slow),
-    pytest.param("ulx3s-85f", None, marks=pytest.mark.slow),
+    pytest.param("ulx3s-85f", "array", marks=pytest.mark.slow),
     pytest.param("ecpix5-85", None, marks=pytest.mark.slow)])
 def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
     # `ptocube build`: the board top, SelfTest, its player and UART through the whole bitstream
-    # flow. Every board's default design is the array self-test (F21, F25), built from scratch
-    # (the iCEBreaker's ice40-tiny array here, the ECP5 boards' 8 x 8 ecp5-int8 array in the
-    # slow runs); `--design unit` goes through the flow around the GPR-file stand-in unit (the
-    # real unit's builds are the slow tests below).
+    # flow, each board's default design first. The iCEBreaker's is the array self-test (F21),
+    # built from scratch with its ice40-tiny array; the ULX3S's is the unit (F27), here the
+    # flow around the GPR-file stand-in unit (the real unit's builds are the slow tests
+    # below); the slow runs build the 8 x 8 ecp5-int8 array self-test (the ECPIX-5's default,
+    # F25) and the stand-in unit on the ECPIX-5.
     brd = board(name)
     design = design or brd.design
     if design == "unit":
@@ -179,34 +180,39 @@ def test_cli_build_design_choice(monkeypatch, capsys):
     cli.add_build_arguments(parser)
     args = parser.parse_args(["--board", "icebreaker", "--force"])
     assert args.force and args.design is None          # the board's design: the array
-    assert [b.design for b in BOARDS.values()] == ["array", "array", "array"]
-    # The unit fits the ECP5 boards (it does not route yet, F25): asked for, it is built.
+    assert [b.design for b in BOARDS.values()] == ["array", "unit", "array"]
+    # The unit fits the ECP5 boards; the ULX3S builds it by default (F27).
     assert [b.unit_fits for b in BOARDS.values()] == [False, True, True]
     with pytest.raises(Asked):
-        _cli("build", "--board", "ulx3s-85f", "--design", "unit")
+        _cli("build", "--board", "ulx3s-85f")
 
 
-def test_cli_build_placer(monkeypatch):
-    # The whole unit places with the static placer on the ECP5 boards (F26); the array and
-    # the iCEBreaker keep nextpnr's default, and --placer overrides both.
+def test_cli_build_unit_flow(monkeypatch):
+    # The whole unit on the ECP5 boards: the 4 x 4 preset, the static placer and router2
+    # (F26, F27); the array and the iCEBreaker keep the board's preset and nextpnr's
+    # defaults, and --preset, --placer and --router override.
     asked = []
 
     def fake_build(brd, top, out, **kwargs):
-        asked.append((brd.name, kwargs["design"], kwargs["placer"]))
+        asked.append((brd.name, kwargs["design"], top, kwargs["placer"], kwargs["router"]))
         raise ToolError("stop here")
     monkeypatch.setattr(boards, "build_bitstream", fake_build)
-    monkeypatch.setattr(boards, "BoardTop", lambda *args, **kwargs: None)
-    monkeypatch.setattr(selftest, "unit_selftest", lambda config, **kwargs: None)
-    monkeypatch.setattr(array_selftest, "array_selftest", lambda config, **kwargs: None)
+    monkeypatch.setattr(boards, "BoardTop", lambda brd, design, **kwargs: design)
+    monkeypatch.setattr(selftest, "unit_selftest", lambda config, **kwargs: config)
+    monkeypatch.setattr(array_selftest, "array_selftest", lambda config, **kwargs: config)
     for argv in (["--board", "ulx3s-85f", "--design", "unit"],
                  ["--board", "ecpix5-85", "--design", "unit"],
-                 ["--board", "ulx3s-85f"],
+                 ["--board", "ulx3s-85f", "--design", "array"],
                  ["--board", "icebreaker"],
-                 ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap"]):
+                 ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap",
+                  "--router", "router1", "--preset", "ecp5-int8"]):
         assert _cli("build", *argv) == 1
-    assert asked == [("ulx3s-85f", "unit", "static"), ("ecpix5-85", "unit", "static"),
-                     ("ulx3s-85f", "array", None), ("icebreaker", "array", None),
-                     ("ulx3s-85f", "unit", "heap")]
+    assert asked == [
+        ("ulx3s-85f", "unit", preset("ecp5-int4"), "static", "router2"),
+        ("ecpix5-85", "unit", preset("ecp5-int4"), "static", "router2"),
+        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None),
+        ("icebreaker", "array", preset("ice40-tiny"), None, None),
+        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1")]
 
 
 def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
@@ -292,13 +298,11 @@ def test_boards_known():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(n for n, b in BOARDS.items() if b.unit_fits))
+@pytest.mark.parametrize("name", sorted(n for n, b in BOARDS.items() if b.design == "unit"))
 def test_cli_build_unit_selftest(name, tmp_path, capsys):
-    # The board's default preset: the whole unit's self-test bitstream, meeting the board clock.
-    # (The iCEBreaker's default is the array self-test, test_selftest_board_flow above.)
-    assert _cli("build", "--board", name, "--out", str(tmp_path), "--design", "unit",
-                "--timeout", "180", "--router", "router2"
-                if board(name).device.family == "ecp5" else "router1") == 0
+    # The board's default: the whole unit's self-test bitstream (ecp5-int4, static placer,
+    # router2, F27), meeting its clock. About 20 minutes of CPU.
+    assert _cli("build", "--board", name, "--out", str(tmp_path), "--timeout", "180") == 0
     assert (tmp_path / board(name).bitstream).stat().st_size > 100_000
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["timing_met"] and "Fmax" in capsys.readouterr().out
