@@ -338,15 +338,14 @@ class TileStore(wiring.Component):
             m.d.comb += [fm_rd.en.eq(1), fm_rd.addr.eq(Cat(entry, part))]
             m.d.sync += fm_read_part.eq(part)
 
-        # GPRs: a memory for the 64-bit reads (host, preflight), and registers for the
-        # decoder's combinational GPR[15:0] (not reset, like the memory).  GPR0 is never
-        # written, so it reads as zero.
+        # GPRs: a memory for the 64-bit reads (host, preflight), and a second one of their
+        # low 16 bits for the decoder's combinational GPR[15:0], read asynchronously (LUT
+        # RAM, decision T21).  GPR0 is never written, so it reads as zero.
         gpr_mem = Memory(shape=64, depth=1 << 5, init=[], attrs=_NO_COLLISION)
-        m.submodules.gprs = gpr_mem
+        gpr_low = Memory(shape=16, depth=1 << 5, init=[])
+        m.submodules.gprs, m.submodules.gprs_low = gpr_mem, gpr_low
         g_rd, g_wr = _BlockReadPort(m, gpr_mem, "gprs"), gpr_mem.write_port()
-        gpr_low = {k: Signal(16, name=f"gpr{k}_low", reset_less=True)
-                   for k in range(1, GPR_COUNT)}
-        gpr_low_sel = Array(gpr_low.get(k, Const(0, 16)) for k in range(1 << 5))
+        g_low_rd, g_low_wr = gpr_low.read_port(domain="comb"), gpr_low.write_port()
 
         def read_gpr(addr):
             m.d.comb += [g_rd.en.eq(1), g_rd.addr.eq(addr)]
@@ -363,7 +362,7 @@ class TileStore(wiring.Component):
         m.d.comb += [self.tile_capacity.eq(capacity), self.status_flags.eq(status),
                      self.alloc.allocated.eq(held[0] | held[1] | held[2] | held[3]),
                      self.alloc.capacity_in_use.eq(in_use), self.alloc.tile_capacity.eq(capacity),
-                     self.gpr_value.eq(gpr_low_sel[self.gpr_index])]
+                     g_low_rd.addr.eq(self.gpr_index), self.gpr_value.eq(g_low_rd.data)]
         for p in range(PE_COUNT):
             m.d.comb += self.alloc.pe_bytes_in_use[p].eq(pe_bytes[p])
 
@@ -852,10 +851,9 @@ class TileStore(wiring.Component):
                                 fail(HostError.BAD_INDEX)
                             with m.Else():
                                 m.d.comb += [g_wr.en.eq(1), g_wr.addr.eq(idx[:5]),
-                                             g_wr.data.eq(cmd.data)]
-                                for k, low in gpr_low.items():
-                                    with m.If(idx == k):
-                                        m.d.sync += low.eq(cmd.data[:16])
+                                             g_wr.data.eq(cmd.data),
+                                             g_low_wr.en.eq(1), g_low_wr.addr.eq(idx[:5]),
+                                             g_low_wr.data.eq(cmd.data[:16])]
                                 reply(0)
                         with m.Case(HostOp.READ_GPR):
                             with m.If(idx >= GPR_COUNT):

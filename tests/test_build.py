@@ -274,12 +274,20 @@ def test_fpga_config_dsp_primitives(monkeypatch, tmp_path):
     seen = []
 
     def fake_place_and_route(design, device, **kwargs):
-        seen.append(design.numeric.dsp_primitives)
+        seen.append((design.numeric.dsp_primitives, kwargs["placer"], kwargs["timeout"],
+                     kwargs["workdir"].name))
         raise ToolError("stop here")
     monkeypatch.setattr("ptocube.build.pnr.place_and_route", fake_place_and_route)
     rows = cli.bench_fpga([("ulx3s-85f", "ecp5-int8", "systolic", 100, "router2"),
-                           ("icebreaker", "ice40-tiny", "systolic", 12, None)], out=tmp_path)
-    assert seen == ["ecp5", None] and all(row["error"] == "stop here" for row in rows)
+                           ("icebreaker", "ice40-tiny", "systolic", 12)], out=tmp_path)
+    assert seen == [("ecp5", None, cli.BENCH_TIMEOUT_S, "ulx3s-85f-ecp5-int8-systolic"),
+                    (None, None, cli.BENCH_TIMEOUT_S, "icebreaker-ice40-tiny-systolic")]
+    assert all(row["error"] == "stop here" for row in rows)
+    # The whole units are placed as their board builds place them (static, F26), and every
+    # case has its own directory.
+    assert all(case.placer == "static" for case in cli.BENCH_CASES
+               if case.design == "unit" and case.board != "icebreaker")
+    assert len({(c.board, c.preset, c.design) for c in cli.BENCH_CASES}) == len(cli.BENCH_CASES)
 
 
 def test_cli_verilog(tmp_path):
