@@ -12,8 +12,9 @@ keep several groups open at once (``entries``): each value names the group it be
 path folds its output rows across block columns this way).
 """
 
-from amaranth.hdl import Array, Module, Mux, Signal, Value
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..model.convert import Flag
@@ -127,22 +128,25 @@ class MaxReduce(wiring.Component):
                                raw=self.value, seed_key=seed["key"], seed_nan=seed["nan"],
                                seed_en=self.seed_en, flags=flags)
 
-        # The fold: each entry's state register holds the MAX of its group so far.
-        state_keys = Array(Signal(32, name=f"state{e}_key") for e in range(self.entries))
-        state_nans = Array(Signal(name=f"state{e}_nan") for e in range(self.entries))
+        # The fold: each entry's state holds the MAX of its group so far.
         # The last fold's outcome (the state it wrote), also the next stage's total.
         last_key = Signal(32)
         last_nan = Signal()
         if self.entries == 1:
             fold_in = s1
-            prior = {"key": state_keys[0], "nan": state_nans[0]}
+            state_key, state_nan = Signal(32, name="state_key"), Signal(name="state_nan")
+            prior = {"key": state_key, "nan": state_nan}
         else:
-            # Several entries: the entry's state is read one stage ahead (the wide read
-            # multiplexer gets a cycle of its own); a value of the entry the previous value
-            # folded into takes that fold's outcome instead (it is written as this reads).
-            fold_in = pipeline_boundary(
-                m, True, "read", **s1,
-                read_key=state_keys[s1["index"]], read_nan=state_nans[s1["index"]])
+            # Several entries: the states are a memory (LUT RAM on an FPGA rather than
+            # registers behind a wide multiplexer, docs/decisions/hdl-postprocess.md 15),
+            # read asynchronously one stage ahead into a register; a value of the entry the
+            # previous value folded into takes that fold's outcome instead (it is written
+            # as this reads).
+            states = m.submodules.states = Memory(shape=33, depth=self.entries, init=[])
+            read, write = states.read_port(domain="comb"), states.write_port()
+            m.d.comb += read.addr.eq(s1["index"])
+            fold_in = pipeline_boundary(m, True, "read", **s1, read_key=read.data[:32],
+                                        read_nan=read.data[32])
             chained = fold_in["chained"] = Signal(name="read_chained")
             m.d.sync += chained.eq(fold_in["valid"] & (fold_in["index"] == s1["index"]))
             prior = {"key": Mux(fold_in["chained"], last_key, fold_in["read_key"]),
@@ -150,9 +154,12 @@ class MaxReduce(wiring.Component):
         folded = _max(prior, {"key": fold_in["key"], "nan": fold_in["nan"]})
         new_key = Mux(fold_in["first"], fold_in["key"], folded["key"])
         new_nan = Mux(fold_in["first"], fold_in["nan"], folded["nan"])
-        with m.If(fold_in["valid"]):
-            m.d.sync += [state_keys[fold_in["index"]].eq(new_key),
-                         state_nans[fold_in["index"]].eq(new_nan)]
+        if self.entries == 1:
+            with m.If(fold_in["valid"]):
+                m.d.sync += [state_key.eq(new_key), state_nan.eq(new_nan)]
+        else:
+            m.d.comb += [write.en.eq(fold_in["valid"]), write.addr.eq(fold_in["index"]),
+                         write.data.eq(Cat(new_key, new_nan))]
         m.d.sync += [last_key.eq(new_key), last_nan.eq(new_nan)]
         s2 = pipeline_boundary(m, True, "fold", stepped=fold_in["stepped"], raw=fold_in["raw"],
                                seed_key=fold_in["seed_key"], seed_nan=fold_in["seed_nan"],
