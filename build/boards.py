@@ -61,8 +61,7 @@ class Board:
     unit_mhz:  the clock the self-test runs at by default: ``None`` for the board clock, else
                an ECP5 PLL output (:mod:`~ptocube.build.ecp5_pll`) the preset meets.
     design:    the self-test it carries by default (:data:`SELFTEST_DESIGNS`): ``array``
-               where the whole unit does not fit the device (decision F21) or its build
-               does not route there yet (F25, F27).
+               where the whole unit does not fit the device (decision F21).
     unit_fits: whether the whole unit fits the device; ``build --design unit`` is refused
                without ``--force`` where it does not.
     unit_preset: the preset ``build --design unit`` uses when none is given (``None``: the
@@ -114,9 +113,9 @@ class Board:
 
 
 #: The ECP5 boards' default self-test clock: chosen as about half the whole ``ecp5-int8``
-#: unit's post-placement estimate on the LFE5U-85F-6 (13.18 MHz, decision F20), a fifth of
-#: the routed ``ecp5-int4`` unit's Fmax (32-33 MHz, F27), and the same on both boards, so
-#: their self-tests are the same design.
+#: unit's post-placement estimate on the LFE5U-85F-6 (13.18 MHz, decision F20), well below
+#: the routed ``ecp5-int4`` unit's Fmax (28-33 MHz there, F27), and the same on both boards,
+#: so their self-tests are the same design.
 ECP5_UNIT_MHZ = 6.25
 
 BOARDS = {b.name: b for b in [
@@ -124,15 +123,14 @@ BOARDS = {b.name: b for b in [
           _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)",
           design="array", unit_fits=False),
     # The whole unit: ecp5-int4, the largest that routes here (F27); the 8 x 8 ecp5-int8
-    # stays the board preset, for the array self-test and the synthesis reports.  On the
-    # ECPIX-5 the unit's build does not route yet, so it keeps the array self-test (F25).
+    # stays the board preset, for the array self-test and the synthesis reports.
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
           unit_preset="ecp5-int4", unit_placer="static",
           unit_router="router2"),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
-          ECP5_UNIT_MHZ, design="array", unit_preset="ecp5-int4", unit_placer="static",
+          ECP5_UNIT_MHZ, unit_preset="ecp5-int4", unit_placer="static",
           unit_router="router2"),
 ]}
 

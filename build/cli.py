@@ -85,7 +85,7 @@ def add_build_arguments(parser):
     parser.add_argument("--design", choices=SELFTEST_DESIGNS,
                         help="what the self-test checks: the whole unit, or the preset's "
                              "systolic array alone (default: the board's, the unit on the "
-                             "ULX3S, the array on the others)")
+                             "ECP5 boards, the array on the iCEBreaker)")
     parser.add_argument("--timeout", type=float, metavar="MINUTES",
                         help="stop the tools after this long and fail (default: no limit)")
     parser.add_argument("--force", action="store_true",

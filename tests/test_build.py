@@ -120,16 +120,15 @@ def test_verilog_file_input(tmp_path):
 
 @pytest.mark.parametrize("name,design", [
     ("icebreaker", None), ("ulx3s-85f", None),
-    pytest.param("ecpix5-85", "unit", marks=pytest.mark.slow),
+    pytest.param("ecpix5-85", None, marks=pytest.mark.slow),
     pytest.param("ulx3s-85f", "array", marks=pytest.mark.slow),
-    pytest.param("ecpix5-85", None, marks=pytest.mark.slow)])
+    pytest.param("ecpix5-85", "array", marks=pytest.mark.slow)])
 def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
     # `ptocube build`: the board top, SelfTest, its player and UART through the whole bitstream
     # flow, each board's default design first. The iCEBreaker's is the array self-test (F21),
-    # built from scratch with its ice40-tiny array; the ULX3S's is the unit (F27), here the
-    # flow around the GPR-file stand-in unit (the real unit's builds are the slow tests
-    # below); the slow runs build the 8 x 8 ecp5-int8 array self-test (the ECPIX-5's default,
-    # F25) and the stand-in unit on the ECPIX-5.
+    # built from scratch with its ice40-tiny array; the ECP5 boards' is the unit (F27), here
+    # the flow around the GPR-file stand-in unit (the real unit's builds are the slow tests
+    # below); the slow runs build their 8 x 8 ecp5-int8 array self-tests.
     brd = board(name)
     design = design or brd.design
     if design == "unit":
@@ -180,8 +179,8 @@ def test_cli_build_design_choice(monkeypatch, capsys):
     cli.add_build_arguments(parser)
     args = parser.parse_args(["--board", "icebreaker", "--force"])
     assert args.force and args.design is None          # the board's design: the array
-    assert [b.design for b in BOARDS.values()] == ["array", "unit", "array"]
-    # The unit fits the ECP5 boards; the ULX3S builds it by default (F27).
+    assert [b.design for b in BOARDS.values()] == ["array", "unit", "unit"]
+    # The unit fits the ECP5 boards, and they build it by default (F27).
     assert [b.unit_fits for b in BOARDS.values()] == [False, True, True]
     with pytest.raises(Asked):
         _cli("build", "--board", "ulx3s-85f")
@@ -309,7 +308,7 @@ def test_boards_known():
 @pytest.mark.parametrize("name", sorted(n for n, b in BOARDS.items() if b.design == "unit"))
 def test_cli_build_unit_selftest(name, tmp_path, capsys):
     # The board's default: the whole unit's self-test bitstream (ecp5-int4, static placer,
-    # router2, F27), meeting its clock. About 20 minutes of CPU.
+    # router2, F27), meeting its clock. About 20 minutes of CPU per board.
     assert _cli("build", "--board", name, "--out", str(tmp_path), "--timeout", "180") == 0
     assert (tmp_path / board(name).bitstream).stat().st_size > 100_000
     summary = json.loads((tmp_path / "summary.json").read_text())
