@@ -231,7 +231,10 @@ class ElementConverter(wiring.Component):
 
     def __init__(self, sources, out_kinds, shift: bool):
         self.sources = frozenset(SrcKind(s) for s in sources)
-        self.out_kinds = frozenset(OutKind(k) for k in out_kinds)
+        # In code order, not a set's: the encoders are elaborated in this order, and a set of
+        # enum members iterates in an order that changes with Python's string hashing from
+        # one process to the next, which gave nextpnr a different netlist for every build.
+        self.out_kinds = tuple(sorted({OutKind(k) for k in out_kinds}, key=lambda k: k.value))
         self.shift = bool(shift)
         super().__init__({"ctl": In(ConvControl()), "p": In(32), "quant": In(64),
                           "alpha": In(19), "d": Out(32), "flags": Out(5)})
@@ -240,9 +243,9 @@ class ElementConverter(wiring.Component):
         return any(k in self.out_kinds for k in kinds)
 
     @property
-    def float_kinds(self) -> frozenset:
-        """The floating destination encoders built."""
-        return frozenset(k for k in self.out_kinds if _DTYPE_OF[k].num_class is NumClass.FLOAT)
+    def float_kinds(self) -> tuple:
+        """The floating destination encoders built, in code order."""
+        return tuple(k for k in self.out_kinds if _DTYPE_OF[k].num_class is NumClass.FLOAT)
 
     def elaborate(self, platform):
         m = Module()

@@ -6,8 +6,10 @@ Default tests use designs that route in seconds; whole-unit and ECP5 preset buil
 
 import argparse
 import json
+import os
 import re
 import subprocess
+import sys
 
 import pytest
 from amaranth.hdl import Module, Signal
@@ -142,6 +144,9 @@ def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
     assert (tmp_path / brd.bitstream).stat().st_size > 100_000
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["board"] == name and summary["design"] == design
+    unit_preset = brd.unit_preset if design == "unit" else None
+    assert summary["preset"] == (unit_preset or brd.preset)
+    assert summary["router"] == (brd.unit_router if design == "unit" else None)
     assert summary["timing_met"]
     (achieved, constraint), = [(v["achieved_mhz"], v["constraint_mhz"])
                                for v in summary["fmax"].values()]
@@ -316,12 +321,17 @@ def test_cli_build_unit_selftest(name, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset_name", ["ecp5-int8", "ecp5-full"])
-def test_ecp5_presets_fit(preset_name, tmp_path):
-    assert _cli("synth", "--board", "ulx3s-85f", "--preset", preset_name, "--freq", "100",
-                "--router", "router2", "--out", str(tmp_path)) == 0
-    report = json.loads((tmp_path / f"synth-{preset_name}-unit.json").read_text())
-    assert all(v["used"] <= v["available"] for v in report["utilization"].values())
+def test_cli_build_full_unit_selftest(tmp_path, capsys):
+    # The full-type preset fits the ECP5-85F: the whole ecp5-full unit's self-test (S8, FP16
+    # and MX bundles) routes on the ULX3S with the board's unit flow and meets its clock
+    # (docs/fpga.md, session 12). About 20 minutes of CPU. The 8 x 8 ecp5-int8 unit places
+    # but does not route; make bench reports it.
+    assert _cli("build", "--board", "ulx3s-85f", "--design", "unit", "--preset", "ecp5-full",
+                "--out", str(tmp_path), "--timeout", "180") == 0
+    assert (tmp_path / "top.bit").stat().st_size > 100_000
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["timing_met"] and summary["preset"] == "ecp5-full"
+    assert summary["dsp"] > 0 and summary["router"] == "router2"
 
 
 class Grid(wiring.Component):
@@ -504,3 +514,34 @@ def test_cli_synth_breakdown(tmp_path, capsys):
     assert _cli("synth", "--breakdown", "--preset", "ice40-tiny", "--family", "ice40",
                 "--parts", "gpu", "--out", str(tmp_path)) == 2
     assert _cli("synth", "--preset", "ice40-tiny") == 2
+
+
+_NETLIST_DIGEST = """
+import hashlib, sys
+from amaranth.back import rtlil
+from ptocube.hdl.config import preset
+from ptocube.hdl.{module} import {component}
+text = rtlil.convert({component}(preset("{preset}")), name="top")
+print(hashlib.sha256(text.encode()).hexdigest())
+"""
+
+
+def _netlist_digest(module, component, preset_name, hash_seed):
+    # In a child process: PYTHONHASHSEED only takes effect when the interpreter starts.
+    code = _NETLIST_DIGEST.format(module=module, component=component, preset=preset_name)
+    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("module,component,preset_name", [
+    ("postprocess", "PostProcess", "ecp5-full"),
+    pytest.param("top", "CubeUnit", "ecp5-full", marks=pytest.mark.slow)])
+def test_netlist_does_not_depend_on_string_hashing(module, component, preset_name):
+    # A build is reproducible only if elaboration is: nextpnr places and routes a netlist
+    # that differs only in the order of its cells differently. The post-processing's encoders
+    # used to be elaborated in the order of a set of enum members, which changes with the
+    # process's string hash seed (seeds 1 and 2 gave different netlists).
+    digests = {_netlist_digest(module, component, preset_name, seed) for seed in (1, 2, 3)}
+    assert len(digests) == 1
