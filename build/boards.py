@@ -198,10 +198,13 @@ class BuildResult:
     seconds: float
     design: str | None = None
     placer: str | None = None
+    preset: str | None = None
+    router: str | None = None
 
     def to_json(self) -> dict:
         """A plain dictionary for ``summary.json``."""
-        return {"board": self.board, "design": self.design, "placer": self.placer,
+        return {"board": self.board, "design": self.design, "preset": self.preset,
+                "placer": self.placer, "router": self.router,
                 "bitstream": str(self.bitstream),
                 "bitstream_bytes": self.bitstream.stat().st_size, "seconds": self.seconds,
                 "timing_met": self.figures.timing_met, **self.figures.to_json()}
@@ -209,10 +212,12 @@ class BuildResult:
 
 def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
                     router: str | None = None, placer: str | None = None,
-                    design: str | None = None, timeout: float | None = None) -> BuildResult:
+                    design: str | None = None, preset: str | None = None,
+                    timeout: float | None = None) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
-    ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design``, the name of
-    what ``top`` carries, e.g. ``unit`` or ``array``).
+    ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design`` and
+    ``preset``, what ``top`` carries, e.g. ``unit`` of ``ecp5-int4``, and the placer and
+    router used).
 
     Timing is not enforced by nextpnr (``--timing-allow-fail``) so that a miss still gives a
     report; :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
@@ -256,7 +261,7 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
     figures = result_from_files(brd.device, out / "top.stat.json", out / "top.report.json",
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,
-                         round(time.monotonic() - start, 2), design, placer)
+                         round(time.monotonic() - start, 2), design, placer, preset, router)
     figures.seconds = result.seconds
     (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result

@@ -125,7 +125,7 @@ def run_build(args) -> int:
         placer = args.placer or (brd.unit_placer if unit else None)
         router = args.router or (brd.unit_router if unit else None)
         result = build_bitstream(brd, top, out, seed=args.seed, router=router,
-                                 placer=placer, design=design_name,
+                                 placer=placer, design=design_name, preset=name,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -249,12 +249,12 @@ def test_selftest_cube_unit_detects_a_corrupted_word():
     assert r["text"] == message_text(False, word_at)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ecp5-int8", "ecp5-int4", "ecp5-full"])
 def test_selftest_cube_unit_passes_on_the_ecp5_presets(name):
-    # ecp5-int8 / ecp5-int4: the S8 chain on an 8 x 8 / 4 x 4 array (ecp5-int4 is the unit
-    # whose bitstream routes, docs/fpga.md); ecp5-full: the S8, FP16 and MX bundles on a
-    # 2 x 2 array with every type class.
+    # The units of the ECP5 bitstreams (docs/fpga.md), in the default suite so that a board
+    # build is known to pass before it reaches a board. ecp5-int8 / ecp5-int4: the S8 chain
+    # on an 8 x 8 / 4 x 4 array; ecp5-full: the S8, FP16 and MX bundles on a 2 x 2 array
+    # with every type class.
     dut, r = _unit_run(config=preset(name), max_cycles=40_000)
     assert r["passed"] and not r["failed"], f"failed at step {r['step']}"
     assert r["step"] == len(dut.player.steps) - 1
