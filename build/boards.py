@@ -65,8 +65,8 @@ class Board:
     unit_fits: whether the whole unit fits the device; ``build --design unit`` is refused
                without ``--force`` where it does not.
     unit_preset: the preset ``build --design unit`` uses when none is given (``None``: the
-               board's :attr:`preset`): on the ECP5 boards ``ecp5-int4``, the largest unit
-               that routes there (decision F27).
+               board's :attr:`preset`): on the ECP5 boards ``ecp5-full``, the unit with
+               every type class, which routes there (decision F29).
     unit_placer: the nextpnr placer for the whole unit (``None``: nextpnr's default, heap):
                ``static`` on the ECP5 boards, where heap packs the unit into part of the
                device and router2 stalls in the congestion (decision F26).
@@ -114,7 +114,8 @@ class Board:
 
 #: The ECP5 boards' default self-test clock: chosen as about half the whole ``ecp5-int8``
 #: unit's post-placement estimate on the LFE5U-85F-6 (13.18 MHz, decision F20), well below
-#: the routed ``ecp5-int4`` unit's Fmax (28-33 MHz there, F27), and the same on both boards,
+#: the routed units' Fmax (23-54 MHz for ``ecp5-int4`` and ``ecp5-full``, F27, F29), and the
+#: same on both boards,
 #: so their self-tests are the same design.
 ECP5_UNIT_MHZ = 6.25
 
@@ -122,15 +123,15 @@ BOARDS = {b.name: b for b in [
     Board("icebreaker", ICEBreakerPlatform, DEVICES["iCE40UP5K-SG48"], "ice40-tiny",
           _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)",
           design="array", unit_fits=False),
-    # The whole unit: ecp5-int4, the largest that routes here (F27); the 8 x 8 ecp5-int8
-    # stays the board preset, for the array self-test and the synthesis reports.
+    # The whole unit: ecp5-full, every type class on a 2 x 2 array (F29); the 8 x 8
+    # ecp5-int8 stays the board preset, for the array self-test and the synthesis reports.
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
-          unit_preset="ecp5-int4", unit_placer="static",
+          unit_preset="ecp5-full", unit_placer="static",
           unit_router="router2"),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
-          ECP5_UNIT_MHZ, unit_preset="ecp5-int4", unit_placer="static",
+          ECP5_UNIT_MHZ, unit_preset="ecp5-full", unit_placer="static",
           unit_router="router2"),
 ]}
 

@@ -60,7 +60,7 @@ def _board_arguments(parser, board_required=True):
                         help="target board")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="configuration preset (default: the board's; build --design "
-                             "unit: the board's unit preset, ecp5-int4 on the ECP5 boards)")
+                             "unit: the board's unit preset, ecp5-full on the ECP5 boards)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr router (default: nextpnr's, router1; build --design "

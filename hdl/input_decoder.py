@@ -71,7 +71,7 @@ class InputDecoder(wiring.Component):
         m = Module()
         cfg = self.config
         with m.Switch(self.dtype):
-            with m.Case(*(t.value for t in cfg.input_types)):
+            with m.Case(*sorted(t.value for t in cfg.input_types)):
                 m.d.comb += self.legal.eq(1)
         if cfg.has_float:
             self._elaborate_float(m)

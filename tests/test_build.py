@@ -212,8 +212,8 @@ def test_cli_build_unit_flow(monkeypatch):
                   "--router", "router1", "--preset", "ecp5-int8"]):
         assert _cli("build", *argv) == 1
     assert asked == [
-        ("ulx3s-85f", "unit", preset("ecp5-int4"), "static", "router2"),
-        ("ecpix5-85", "unit", preset("ecp5-int4"), "static", "router2"),
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2"),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2"),
         ("ulx3s-85f", "array", preset("ecp5-int8"), None, None),
         ("icebreaker", "array", preset("ice40-tiny"), None, None),
         ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1")]
@@ -310,28 +310,23 @@ def test_boards_known():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(n for n, b in BOARDS.items() if b.design == "unit"))
-def test_cli_build_unit_selftest(name, tmp_path, capsys):
-    # The board's default: the whole unit's self-test bitstream (ecp5-int4, static placer,
-    # router2, F27), meeting its clock. About 20 minutes of CPU per board.
-    assert _cli("build", "--board", name, "--out", str(tmp_path), "--timeout", "180") == 0
+@pytest.mark.parametrize("name,preset_name", [
+    *((n, None) for n, b in sorted(BOARDS.items()) if b.design == "unit"),
+    ("ulx3s-85f", "ecp5-int4")])
+def test_cli_build_unit_selftest(name, preset_name, tmp_path, capsys):
+    # The board's default: the whole unit's self-test bitstream (ecp5-full, static placer,
+    # router2, F29), meeting its clock; and the 4 x 4 integer unit, the default before it
+    # (F27). About 20 minutes of CPU each. The 8 x 8 ecp5-int8 unit places but does not
+    # route; make bench reports it.
+    extra = ["--preset", preset_name] if preset_name else []
+    assert _cli("build", "--board", name, "--out", str(tmp_path), "--timeout", "180",
+                *extra) == 0
     assert (tmp_path / board(name).bitstream).stat().st_size > 100_000
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["timing_met"] and "Fmax" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_cli_build_full_unit_selftest(tmp_path, capsys):
-    # The full-type preset fits the ECP5-85F: the whole ecp5-full unit's self-test (S8, FP16
-    # and MX bundles) routes on the ULX3S with the board's unit flow and meets its clock
-    # (docs/fpga.md, session 12). About 20 minutes of CPU. The 8 x 8 ecp5-int8 unit places
-    # but does not route; make bench reports it.
-    assert _cli("build", "--board", "ulx3s-85f", "--design", "unit", "--preset", "ecp5-full",
-                "--out", str(tmp_path), "--timeout", "180") == 0
-    assert (tmp_path / "top.bit").stat().st_size > 100_000
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["timing_met"] and summary["preset"] == "ecp5-full"
-    assert summary["dsp"] > 0 and summary["router"] == "router2"
+    assert summary["preset"] == (preset_name or board(name).unit_preset)
+    assert summary["design"] == "unit" and summary["router"] == "router2"
+    assert summary["dsp"] > 0
 
 
 class Grid(wiring.Component):
