@@ -115,8 +115,7 @@ class Board:
 #: The ECP5 boards' default self-test clock: chosen as about half the whole ``ecp5-int8``
 #: unit's post-placement estimate on the LFE5U-85F-6 (13.18 MHz, decision F20), well below
 #: the routed units' Fmax (23-54 MHz for ``ecp5-int4`` and ``ecp5-full``, F27, F29), and the
-#: same on both boards,
-#: so their self-tests are the same design.
+#: same on both boards, so their self-tests are the same design.
 ECP5_UNIT_MHZ = 6.25
 
 BOARDS = {b.name: b for b in [

@@ -512,7 +512,7 @@ def test_cli_synth_breakdown(tmp_path, capsys):
 
 
 _NETLIST_DIGEST = """
-import hashlib, sys
+import hashlib
 from amaranth.back import rtlil
 from ptocube.hdl.config import preset
 from ptocube.hdl.{module} import {component}
