@@ -96,7 +96,8 @@ _FP16_A = ([[1.5, -2.0, 0.125, 3.0, -0.75, 8.0, "0x3555", -1.0],
 _FP16_B = [[1.0, 2.0, -0.5, 0.0], [0.25, -4.0, 8.0, 1.0], [16.0, 0.0, 1.0, -1.0],
            [-1.0, 1.0, "0x3555", 2.0], [0.5, 0.5, 0.5, -0.5], [2.0, -1.0, 0.0, 3.0],
            [-0.125, 1.5, 1.0, 1.0], [1.0, 0.0, -2.0, 0.75]]
-# The MX bundle's B is _S8_B: small integers, exact in E4M3.
+# The MX bundle's B is _S8_B: small integers, exact in E4M3; it is also the Shared B.
+_SHARED_B = "S0"
 _E4M3_A = [[1.5, -2.0, 0.125, 3.0, -0.75, 8.0, 448.0, -1.0],
            [0.5, 1.0, -1.0, 0.015625, 2.5, -3.5, 0.5, 0.0],
            [-4.0, 0.25, 6.0, -0.5, 1.0, 1.0, -2.0, 0.375]]
@@ -177,7 +178,9 @@ def matrix_scenario(config, first: dict | None = None) -> dict:
       with REQ8 requantization to S8 (scale and offset from a GPR through B.IOR, Sat 1);
     * ``float_types``: the same in FP16 (FP32 bias and accumulator), the ACC converting to FP16
       (F322F16);
-    * ``mx_types``: one TMATMULMX (E4M3 with E8M0 scales of A rows and B columns).
+    * ``mx_types``: one TMATMULMX (E4M3 with E8M0 scales of A rows and B columns);
+    * ``serial_lane_feed`` (integer builds): one S8 TMATMUL (4 x 4, K = 8) with a Shared
+      row-major B, a run only the lane path takes, so the board checks that path too.
 
     All are 3 x 4 outputs with K = 8 on one PE: more than one block of every preset's array
     but a small ROM (``docs/fpga.md``, SelfTest).
@@ -203,7 +206,17 @@ def matrix_scenario(config, first: dict | None = None) -> dict:
         program += ["BSTART.TMATMULMX E4M3", "B.FPATR None, None, 0, 0, 0, 0, 0, 0, 0",
                     *_dims(3, 4, 8), f"B.IOT {a}, {sa}, {_MATRIX_MASK}",
                     f"B.IOT {b}, {sb}, {_MATRIX_MASK}, last, ->U<256B>", "BSTOP"]
-    return {"gprs": gprs, "tiles": {f"PE{MATRIX_PE}": regs.tiles()}, "program": program}
+    shared = {}
+    if config.int_types and config.serial_lane_feed:
+        # Shared operands need power-of-two dimensions: M x K = 4 x 8.
+        a = regs.add("M", _cube("S8", _S8_A[0] + _S8_A[1][:1]))
+        shared[_SHARED_B] = _row("S8", _S8_B)
+        regs.dest("U")
+        program += ["BSTART.TMATMUL S8", "B.FPATR None, None, 0, 0, 0, 0, 0, 0, 0",
+                    *_dims(4, 4, 8), f"B.IOS {_SHARED_B}, {_MATRIX_MASK}",
+                    f"B.IOT {a}, {_MATRIX_MASK}, last, ->U<256B>", "BSTOP"]
+    return {"gprs": gprs, "tiles": {f"PE{MATRIX_PE}": regs.tiles()}, "shared": shared,
+            "program": program}
 
 
 def selftest_scenario(config) -> dict:
@@ -212,7 +225,7 @@ def selftest_scenario(config) -> dict:
     held = {hand: len(entries) for hand, entries in SELFTEST_TILES["tiles"]["all"].items()}
     matrix = matrix_scenario(config, held)
     return {"gprs": matrix["gprs"],
-            "tiles": {**SELFTEST_TILES["tiles"], **matrix["tiles"]},
+            "tiles": {**SELFTEST_TILES["tiles"], **matrix["tiles"]}, "shared": matrix["shared"],
             "program": SELFTEST_TILES["program"] + matrix["program"]}
 
 

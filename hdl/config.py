@@ -29,6 +29,11 @@ class CubeConfig:
                        own input and output registers are the operand and product registers
                        (yosys' synth_ecp5 does not pack registers into it); same latency, but
                        Amaranth's simulator cannot run it (docs/hdl-systolic.md, section 8).
+    serial_lane_feed:  the lane path (the runs the operand buffers cannot take: Shared or
+                       transposed primaries, MX scales, floating Bias) gathers a beat one
+                       lane at a time (hdl/serial_feed.py), R + C cycles or more a beat,
+                       instead of all lanes at once (hdl/operand_feed.py): for builds short
+                       of logic.
     tile_bytes_per_pe: payload memory of the Local tile store for each of the four PEs.
     shared_bytes:      payload memory of the Shared tiles S0..S255 (all of them together).
     max_local_sources, max_destinations, max_shared, max_iot_words:
@@ -43,6 +48,7 @@ class CubeConfig:
     fma_stages: int = 3
     int_product_register: bool = False
     dsp_primitives: str | None = None
+    serial_lane_feed: bool = False
     tile_bytes_per_pe: int = 64 * 1024
     shared_bytes: int = 64 * 1024
     max_local_sources: int = 8
@@ -70,11 +76,14 @@ PRESETS = {
     "sim-small": CubeConfig(rows=4, cols=4),
     # Integer-only 8x8 array for the ECP5-85F, using its DSP multipliers with the product
     # registered before the accumulator (docs/decisions/fpga.md, F19).
+    # The lane path (Shared and transposed primaries) one lane at a time, to save logic
+    # (docs/decisions/hdl-cube.md, decision 21).
     "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
-                            int_product_register=True,
+                            int_product_register=True, serial_lane_feed=True,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
-    # The ecp5-int8 unit with a 4x4 array: the whole unit routes on the ECP5-85F with
-    # nextpnr's static placer (docs/fpga.md, session 10), the 8x8 one not yet.
+    # The ecp5-int8 unit with a 4x4 array (and every lane of the lane path at once): the
+    # whole unit routes on the ECP5-85F with nextpnr's static placer (docs/fpga.md,
+    # sessions 10 and 11).
     "ecp5-int4": CubeConfig(rows=4, cols=4, float_types=False, mx_types=False,
                             int_product_register=True,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),

@@ -13,7 +13,9 @@ three units around the :class:`~ptocube.hdl.systolic.SystolicArray` at once:
 
 * :class:`~ptocube.hdl.panel_feed.PanelFeed` - beats from A and B buffers filled once per
   PE, for Local A and B; :class:`~ptocube.hdl.operand_feed.OperandFeed` - the lane path
-  (A, B, scale and Bias elements) for the other runs;
+  (A, B, scale and Bias elements) for the other runs, or
+  :class:`~ptocube.hdl.serial_feed.SerialFeed`, the same one lane at a time
+  (``CubeConfig.serial_lane_feed``);
 * :class:`~ptocube.hdl.fill_source.FillSource` - initial accumulator rows (C, or Bias for
   integer BIAS forms);
 * :class:`~ptocube.hdl.result_path.ResultPath` - drained rows through post-processing and
@@ -37,6 +39,7 @@ from .cube_run import RunLayout
 from .fill_source import FillSource
 from .operand_feed import OperandFeed
 from .panel_feed import PanelFeed, panel_feed_usable
+from .serial_feed import SerialFeed
 from .read_arbiter import ReadArbiter
 from .result_path import ResultPath
 from .systolic import SystolicArray
@@ -106,8 +109,9 @@ class CubeEngine(wiring.Component):
         cfg, plan = self.config, self.plan
         array = m.submodules.array = self.array
         slots = array.slots
-        m.submodules.feed = feed = OperandFeed(cfg, array.feed.payload.shape(), slots,
-                                               array.numeric.has_scale)
+        lane_feed = SerialFeed if cfg.serial_lane_feed else OperandFeed
+        m.submodules.feed = feed = lane_feed(cfg, array.feed.payload.shape(), slots,
+                                             array.numeric.has_scale)
         m.submodules.panels = panels = PanelFeed(cfg, array.feed.payload.shape(), slots,
                                                  array.numeric.has_scale)
         m.submodules.fill = fill = FillSource(cfg, array.fill.payload.shape(), slots)

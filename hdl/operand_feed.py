@@ -25,6 +25,8 @@ the beat.  Every stage moves together, when the beat may advance.  Reads are ask
 registered facts and sent from a request register.
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -72,6 +74,11 @@ def _first(flags):
     """One-hot: each flag that is set with no lower one set."""
     return [flag & ~Cat(*flags[:index]).any() if index else flag
             for index, flag in enumerate(flags)]
+
+
+def _mask(log2):
+    """``2**log2 - 1`` in 16 bits."""
+    return ((Value.cast(1) << log2) - 1)[:16]
 
 
 def _named(m: Module, value, name: str) -> Signal:
@@ -199,77 +206,87 @@ class OperandFeed(FeedComponent):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, run = self.config, self.run
-        rows, cols, slots, scaled = cfg.rows, cfg.cols, self.slots, self.has_scale
-        aw = word_addr_width(cfg)
-        sw = aw + 6                         # a word address and the bit offset in it
+        f = self._run_facts(m)
+        pos = self._positions(m, f)
+        self._beats(m, f, pos)
+        return m
 
-        # ------------------------------------------------------------------
-        # Run facts: the run context is still from start to done, so everything the
-        # address stages derive from it alone is registered (valid one cycle after start,
-        # long before the first real position reaches them).
-        # ------------------------------------------------------------------
-        def fact(value, width, name):
+    def _run_facts(self, m: Module) -> SimpleNamespace:
+        """Run facts: the run context is still from start to done, so everything the
+        address stages derive from it alone is registered (valid one cycle after start,
+        long before the first real position reaches them)."""
+        run, f = self.run, SimpleNamespace()
+        f.aw = aw = word_addr_width(self.config)
+        f.sw = sw = aw + 6                  # a word address and the bit offset in it
+
+        def fact(name, value, width):
             reg = Signal(width, name=f"f_{name}")
             m.d.sync += reg.eq(value)
-            return reg
+            setattr(f, name, reg)
 
         # An integer-only build has no floating plan, hence no floating Bias term.
-        float_bias = run.float_bias if cfg.float_types else Const(0)
+        float_bias = run.float_bias if self.config.float_types else Const(0)
+        f.run_float_bias = float_bias
 
-        def mask(log2):
-            return ((Value.cast(1) << log2) - 1)[:16]
-
-        f_k = fact(run.k, 16, "k")
-        f_terms_m1 = fact((run.k + float_bias - 1)[:16], 16, "terms_m1")
-        f_float_bias = fact(float_bias, 1, "float_bias")
-        f_m, f_n = fact(run.m, 16, "m"), fact(run.n, 16, "n")
-        f_col_outer = fact(column_outer(cols, run.m, run.n), 1, "col_outer")
-        f_load = fact(run.acc | run.int_bias, 1, "load")
-        f_a_type, f_b_type = fact(run.a_type, 5, "a_type"), fact(run.b_type, 5, "b_type")
+        fact("k", run.k, 16)
+        fact("terms_m1", (run.k + float_bias - 1)[:16], 16)
+        fact("float_bias", float_bias, 1)
+        fact("m", run.m, 16)
+        fact("n", run.n, 16)
+        fact("col_outer", column_outer(self.config.cols, run.m, run.n), 1)
+        fact("load", run.acc | run.int_bias, 1)
+        fact("a_type", run.a_type, 5)
+        fact("b_type", run.b_type, 5)
 
         a_w, a_p = run.a_log2w, run.a.log2p
-        f_a_w = fact(a_w, 3, "a_w")
-        f_a_space = fact(Value.cast(run.a.space), 3, "a_space")
-        f_a_base = fact(run.a.base << 10, sw, "a_base")
-        f_a_cell = fact(~run.a_shared, 1, "a_cell")
-        f_paired = fact(run.m32 & ~run.a_shared, 1, "paired")
-        f_a_row_sh = fact(Mux(run.a_shared, Mux(run.trans_a, a_w, a_p + a_w),
-                              Mux(run.m32, 5, 6)), 5, "a_row_sh")
-        f_a_k_sh = fact(Mux(run.trans_a, a_p + a_w, a_w), 5, "a_k_sh")
-        f_a_cc = fact((Mux(run.m32, 5, 6) - a_w)[:3], 3, "a_cc")
-        f_a_swap = fact(~run.m32 & (a_w == 2), 1, "a_swap")
-        f_a_next = fact(mask(Mux(run.a_shared, Mux(run.trans_a, 0, 6 - a_w),
-                                 Mux(run.m32, 5, 6) - a_w)[:4]), 16, "a_next")
+        fact("a_w", a_w, 3)
+        fact("a_space", Value.cast(run.a.space), 3)
+        fact("a_base", run.a.base << 10, sw)
+        fact("a_cell", ~run.a_shared, 1)
+        fact("paired", run.m32 & ~run.a_shared, 1)
+        fact("a_row_sh", Mux(run.a_shared, Mux(run.trans_a, a_w, a_p + a_w),
+                             Mux(run.m32, 5, 6)), 5)
+        fact("a_k_sh", Mux(run.trans_a, a_p + a_w, a_w), 5)
+        fact("a_cc", (Mux(run.m32, 5, 6) - a_w)[:3], 3)
+        fact("a_swap", ~run.m32 & (a_w == 2), 1)
+        fact("a_next", _mask(Mux(run.a_shared, Mux(run.trans_a, 0, 6 - a_w),
+                                 Mux(run.m32, 5, 6) - a_w)[:4]), 16)
 
         b_w, b_p = run.b_log2w, run.b.log2p
-        f_b_w = fact(b_w, 3, "b_w")
-        f_b_space = fact(Value.cast(run.b.space), 3, "b_space")
-        f_b_base = fact(run.b.base << 10, sw, "b_base")
-        f_b_cell = fact(~run.b_shared, 1, "b_cell")
-        f_b_krep = fact(run.b_k_repeat, 13, "b_krep")
-        f_b_row_sh = fact(Mux(run.trans_b, b_p + b_w, b_w), 5, "b_row_sh")
-        f_b_k_sh = fact(Mux(run.trans_b, b_w, b_p + b_w), 5, "b_k_sh")
-        f_b_cr = fact((7 - b_w)[:3], 3, "b_cr")
-        f_b_next = fact(mask(Mux(run.b_shared & run.trans_b, 0, 6 - b_w)[:4]), 16, "b_next")
-        f_bias_space = fact(Value.cast(run.bias.space), 3, "bias_space")
-        f_bias_base = fact(run.bias.base << 10, sw, "bias_base")
-        if scaled:
-            f_a_scaled = fact(run.a_scaled, 1, "a_scaled")
-            f_b_scaled = fact(run.b_scaled, 1, "b_scaled")
-            f_sa_space = fact(Value.cast(run.a_scale.space), 3, "sa_space")
-            f_sb_space = fact(Value.cast(run.b_scale.space), 3, "sb_space")
-            f_sa_base = fact(run.a_scale.base << 10, sw, "sa_base")
-            f_sb_base = fact(run.b_scale.base << 10, sw, "sb_base")
-            f_sa_row_sh = fact(run.a_scale.log2p + 3, 5, "sa_row_sh")
-            f_sb_k_sh = fact(run.b_scale.log2p + 3, 5, "sb_k_sh")
+        fact("b_w", b_w, 3)
+        fact("b_space", Value.cast(run.b.space), 3)
+        fact("b_base", run.b.base << 10, sw)
+        fact("b_cell", ~run.b_shared, 1)
+        fact("b_krep", run.b_k_repeat, 13)
+        fact("b_row_sh", Mux(run.trans_b, b_p + b_w, b_w), 5)
+        fact("b_k_sh", Mux(run.trans_b, b_w, b_p + b_w), 5)
+        fact("b_cr", (7 - b_w)[:3], 3)
+        fact("b_next", _mask(Mux(run.b_shared & run.trans_b, 0, 6 - b_w)[:4]), 16)
+        fact("bias_space", Value.cast(run.bias.space), 3)
+        fact("bias_base", run.bias.base << 10, sw)
+        if self.has_scale:
+            fact("a_scaled", run.a_scaled, 1)
+            fact("b_scaled", run.b_scaled, 1)
+            fact("sa_space", Value.cast(run.a_scale.space), 3)
+            fact("sb_space", Value.cast(run.b_scale.space), 3)
+            fact("sa_base", run.a_scale.base << 10, sw)
+            fact("sb_base", run.b_scale.base << 10, sw)
+            fact("sa_row_sh", run.a_scale.log2p + 3, 5)
+            fact("sb_k_sh", run.b_scale.log2p + 3, 5)
+        return f
 
-        # ------------------------------------------------------------------
-        # The pipeline's common enable: the lane stage's position may become the beat.
-        # ------------------------------------------------------------------
-        adv, rq_busy = Signal(), Signal()
-        p1_valid, p2_valid, p3_valid, p4_valid, q_valid, out_valid = (
-            Signal(name=f"{n}_valid") for n in ("p1", "p2", "p3", "p4", "q", "out"))
+    def _positions(self, m: Module, f: SimpleNamespace) -> SimpleNamespace:
+        """The walker, the sequencer and stage 1: beat positions, one per ``adv``.
+
+        Returns the stage-1 registers (``valid``, ``slot``, ``real``, ``bias``, ``first``,
+        ``k``, ``ka``/``kb``/``ks``: the next word's k per operand, ``block``) and two
+        signals the beat stages drive: ``adv`` (stage 1 may take the next position) and
+        ``busy`` (a position is still past stage 1, or a read is still to be sent).
+        """
+        cfg, run = self.config, self.run
+        rows, cols, slots = cfg.rows, cfg.cols, self.slots
+        adv, busy = Signal(name="p1_adv"), Signal(name="beats_busy")
+        p1_valid = Signal(name="p1_valid")
 
         # ------------------------------------------------------------------
         # Blocks: a walker steps one block per cycle (the order of block_walker) into
@@ -280,15 +297,15 @@ class OperandFeed(FeedComponent):
         restart = Signal()
         walk_r, walk_c = Signal(16), Signal(16)
         m_left, n_left = Signal(signed(18)), Signal(signed(18))
-        m.d.comb += [m_left.eq(f_m - walk_r), n_left.eq(f_n - walk_c)]
+        m.d.comb += [m_left.eq(f.m - walk_r), n_left.eq(f.n - walk_c)]
         walked = Signal(Block)
         m.d.comb += [walked.r.eq(walk_r), walked.c.eq(walk_c),
-                     walked.used.eq(Mux(f_col_outer, n_left > 0, m_left > 0)),
+                     walked.used.eq(Mux(f.col_outer, n_left > 0, m_left > 0)),
                      walked.rows_ok.eq(Cat(*(m_left > i for i in range(rows)))),
                      walked.cols_ok.eq(Cat(*(n_left > j for j in range(cols))))]
-        wrap = Mux(f_col_outer, m_left <= rows, n_left <= cols)
-        step_r = Mux(f_col_outer, ~wrap, wrap)
-        reset_r, reset_c = f_col_outer & wrap, ~f_col_outer & wrap
+        wrap = Mux(f.col_outer, m_left <= rows, n_left <= cols)
+        step_r = Mux(f.col_outer, ~wrap, wrap)
+        reset_r, reset_c = f.col_outer & wrap, ~f.col_outer & wrap
         nxt = [Signal(Block, name=f"next_block{l}") for l in range(slots)]
         cur = [Signal(Block, name=f"block{l}") for l in range(slots)]
         nxt_count = Signal(range(slots + 1))
@@ -331,8 +348,8 @@ class OperandFeed(FeedComponent):
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
                     m.d.sync += [s.eq(0), k.eq(0),
-                                 left.eq((run.k + float_bias - 1)[:16]),
-                                 last_term.eq(run.k + float_bias == 1)]
+                                 left.eq((run.k + f.run_float_bias - 1)[:16]),
+                                 last_term.eq(run.k + f.run_float_bias == 1)]
                     m.next = "NULL_FIRST"
             with m.State("NULL_FIRST"):
                 m.d.comb += [emit.eq(1), next_slot.eq(adv)]
@@ -350,8 +367,8 @@ class OperandFeed(FeedComponent):
                         m.d.comb += [emit.eq(1), real.eq(block.used), next_slot.eq(adv)]
                 with m.If(have_group & next_slot & (s == slots - 1)):
                     m.d.sync += [k.eq(Mux(last_term, 0, k + 1)),
-                                 left.eq(Mux(last_term, f_terms_m1, left - 1)),
-                                 last_term.eq(Mux(last_term, f_terms_m1 == 0, left == 1))]
+                                 left.eq(Mux(last_term, f.terms_m1, left - 1)),
+                                 last_term.eq(Mux(last_term, f.terms_m1 == 0, left == 1))]
                     with m.If(last_term):
                         m.d.comb += [group_end.eq(1), load_group.eq(nxt_full)]
             with m.State("NULL_LAST"):
@@ -359,8 +376,7 @@ class OperandFeed(FeedComponent):
                 with m.If(adv & (s == slots - 1)):
                     m.next = "DRAIN"
             with m.State("DRAIN"):
-                with m.If(~(p1_valid | p2_valid | p3_valid | p4_valid | q_valid | out_valid
-                                  | rq_busy)):
+                with m.If(~(p1_valid | busy)):
                     m.next = "IDLE"
         with m.If(restart):
             m.d.sync += have_group.eq(0)
@@ -371,40 +387,87 @@ class OperandFeed(FeedComponent):
 
         # ------------------------------------------------------------------
         # Stage 1: the position (slot, k, the next word's k per operand, the block).
+        # A lane's next word along K holds the first k of its next run of elements (a
+        # CELL row slice of A, 64 bits of a CUBE_N8 column or a row-major row, the next
+        # row of a transposed Shared primary, the next 32-k block of a scale).
         # ------------------------------------------------------------------
-        def reg(width, name):
-            return Signal(width, name=name)
-
-        p1_slot, p1_real, p1_bias, p1_first = (reg(len(s), "p1_slot"), reg(1, "p1_real"),
-                                               reg(1, "p1_bias"), reg(1, "p1_first"))
-        p1_k, p1_ka, p1_kb, p1_ks = (reg(16, "p1_k"), reg(17, "p1_ka"), reg(17, "p1_kb"),
-                                     reg(17, "p1_ks"))
-        p1_block = Signal(Block, name="p1_block")
-        # A lane's next word along K holds the first k of its next run of elements (a CELL
-        # row slice of A, 64 bits of a CUBE_N8 column or a row-major row, the next row of
-        # a transposed Shared primary, the next 32-k block of a scale).
+        p1 = SimpleNamespace(
+            valid=p1_valid, adv=adv, busy=busy, slot=Signal(len(s), name="p1_slot"),
+            real=Signal(name="p1_real"), bias=Signal(name="p1_bias"),
+            first=Signal(name="p1_first"), k=Signal(16, name="p1_k"),
+            ka=Signal(17, name="p1_ka"), kb=Signal(17, name="p1_kb"),
+            ks=Signal(17, name="p1_ks"), block=Signal(Block, name="p1_block"))
         with m.If(adv):
-            m.d.sync += [p1_valid.eq(emit), p1_real.eq(real), p1_slot.eq(s),
-                         p1_bias.eq(f_float_bias & last_term), p1_first.eq(k_zero),
-                         p1_k.eq(k), p1_ka.eq((k | f_a_next) + 1), p1_kb.eq((k | f_b_next) + 1),
-                         p1_ks.eq((k | 31) + 1), p1_block.eq(block)]
+            m.d.sync += [p1.valid.eq(emit), p1.real.eq(real), p1.slot.eq(s),
+                         p1.bias.eq(f.float_bias & last_term), p1.first.eq(k_zero),
+                         p1.k.eq(k), p1.ka.eq((k | f.a_next) + 1),
+                         p1.kb.eq((k | f.b_next) + 1), p1.ks.eq((k | 31) + 1),
+                         p1.block.eq(block)]
+        return p1
+
+    # ---- bit addresses: a lane's row (or column) part plus its operand's K part ----------
+    @staticmethod
+    def _a_kpart(f, kk):
+        inner = kk & _mask(f.a_cc)
+        swapped = Mux(f.a_swap, (inner & 0b10011) | (inner[2] << 3) | (inner[3] << 2), inner)
+        cell = ((kk >> f.a_cc) << 10) | (swapped << f.a_w)
+        return Mux(f.a_cell, cell, kk << f.a_k_sh)[:f.sw]
+
+    @staticmethod
+    def _b_kpart(f, kk):
+        cell = ((kk >> f.b_cr) << 10) | ((kk & _mask(f.b_cr)[:8]) << f.b_w)
+        return Mux(f.b_cell, cell, kk << f.b_k_sh)[:f.sw]
+
+    @staticmethod
+    def _sa_kpart(kk):
+        return (kk >> 5) << 3
+
+    @staticmethod
+    def _sb_kpart(f, kk):
+        return ((kk >> 5) << f.sb_k_sh)[:f.sw]
+
+    @staticmethod
+    def _a_row(f, gi):
+        return f.a_base + (gi << f.a_row_sh)
+
+    @staticmethod
+    def _b_cells(f, gj):
+        """CUBE_N8: column gj's first CELL is (gj // 8) * K_repeat (a multiplier)."""
+        return (gj >> 3) * f.b_krep
+
+    @staticmethod
+    def _b_row(f, gj, cells, bias):
+        # CUBE_N8: CELLs K-fast, N-slow; column gj's slice in its CELL is gj % 8.
+        n8 = (cells << 10) | (gj[:3] << 7)
+        return Mux(bias, f.bias_base + (gj << 5), f.b_base + Mux(f.b_cell, n8, gj << f.b_row_sh))
+
+    @staticmethod
+    def _sa_row(f, gi):
+        return f.sa_base + (gi << f.sa_row_sh)
+
+    @staticmethod
+    def _sb_row(f, gj):
+        return f.sb_base + (gj << 3)
+
+    def _beats(self, m: Module, f: SimpleNamespace, p1: SimpleNamespace):
+        """Stages 2 to 5 and the beat register: every lane in parallel (see the module
+        docstring); drives ``p1.adv`` and ``p1.busy``."""
+        cfg = self.config
+        rows, cols, slots, scaled = cfg.rows, cfg.cols, self.slots, self.has_scale
+        aw, sw = f.aw, f.sw
+        adv = p1.adv
+        p2_valid, p3_valid, p4_valid, q_valid, out_valid = (
+            Signal(name=f"{n}_valid") for n in ("p2", "p3", "p4", "q", "out"))
 
         # ------------------------------------------------------------------
         # Stage 2: each row's and column's index and need; each operand's K part of the
         # bit address (for k and for the next word's k).
         # ------------------------------------------------------------------
-        def a_kpart(kk):
-            inner = kk & mask(f_a_cc)
-            swapped = Mux(f_a_swap, (inner & 0b10011) | (inner[2] << 3) | (inner[3] << 2),
-                          inner)
-            cell = ((kk >> f_a_cc) << 10) | (swapped << f_a_w)
-            return Mux(f_a_cell, cell, kk << f_a_k_sh)[:sw]
+        def reg(width, name):
+            return Signal(width, name=name)
 
-        def b_kpart(kk):
-            cell = ((kk >> f_b_cr) << 10) | ((kk & mask(f_b_cr)[:8]) << f_b_w)
-            return Mux(f_b_cell, cell, kk << f_b_k_sh)[:sw]
-
-        p2_slot, p2_real, p2_bias, p2_first = (reg(len(s), "p2_slot"), reg(1, "p2_real"),
+        a_kpart, b_kpart = (lambda kk: self._a_kpart(f, kk)), (lambda kk: self._b_kpart(f, kk))
+        p2_slot, p2_real, p2_bias, p2_first = (reg(len(p1.slot), "p2_slot"), reg(1, "p2_real"),
                                                reg(1, "p2_bias"), reg(1, "p2_first"))
         p2_gi = [reg(16, f"p2_row{i}") for i in range(rows)]
         p2_gj = [reg(16, f"p2_col{j}") for j in range(cols)]
@@ -415,22 +478,21 @@ class OperandFeed(FeedComponent):
             "p2_ka", "p2_ka_next", "p2_kb", "p2_kb_next"))
         p2_ahead_a, p2_ahead_b = reg(1, "p2_ahead_a"), reg(1, "p2_ahead_b")
         with m.If(adv):
-            m.d.sync += [p2_valid.eq(p1_valid), p2_slot.eq(p1_slot), p2_real.eq(p1_real),
-                         p2_bias.eq(p1_bias), p2_first.eq(p1_first),
-                         p2_ka.eq(a_kpart(p1_k)), p2_ka_next.eq(a_kpart(p1_ka)),
-                         p2_kb.eq(Mux(p1_bias, 0, b_kpart(p1_k))),
-                         p2_kb_next.eq(b_kpart(p1_kb)),
-                         p2_ahead_a.eq(p1_real & ~p1_bias & (p1_ka < f_k)),
-                         p2_ahead_b.eq(p1_real & ~p1_bias & (p1_kb < f_k))]
-            m.d.sync += [p2_gi[i].eq(p1_block.r + i) for i in range(rows)]
-            m.d.sync += [p2_gj[j].eq(p1_block.c + j) for j in range(cols)]
-            # CUBE_N8: column gj's first CELL is (gj // 8) * K_repeat (a multiplier, in a
-            # stage of its own).
-            m.d.sync += [p2_cells[j].eq(((p1_block.c + j) >> 3) * f_b_krep)
+            m.d.sync += [p2_valid.eq(p1.valid), p2_slot.eq(p1.slot), p2_real.eq(p1.real),
+                         p2_bias.eq(p1.bias), p2_first.eq(p1.first),
+                         p2_ka.eq(a_kpart(p1.k)), p2_ka_next.eq(a_kpart(p1.ka)),
+                         p2_kb.eq(Mux(p1.bias, 0, b_kpart(p1.k))),
+                         p2_kb_next.eq(b_kpart(p1.kb)),
+                         p2_ahead_a.eq(p1.real & ~p1.bias & (p1.ka < f.k)),
+                         p2_ahead_b.eq(p1.real & ~p1.bias & (p1.kb < f.k))]
+            m.d.sync += [p2_gi[i].eq(p1.block.r + i) for i in range(rows)]
+            m.d.sync += [p2_gj[j].eq(p1.block.c + j) for j in range(cols)]
+            # The CUBE_N8 CELL multiplier has a stage of its own.
+            m.d.sync += [p2_cells[j].eq(self._b_cells(f, p1.block.c + j))
                          for j in range(cols)]
-            m.d.sync += [p2_need_a[i].eq(p1_real & p1_block.rows_ok[i] & ~p1_bias)
+            m.d.sync += [p2_need_a[i].eq(p1.real & p1.block.rows_ok[i] & ~p1.bias)
                          for i in range(rows)]
-            m.d.sync += [p2_need_b[j].eq(p1_real & p1_block.cols_ok[j]) for j in range(cols)]
+            m.d.sync += [p2_need_b[j].eq(p1.real & p1.block.cols_ok[j]) for j in range(cols)]
         if scaled:
             p2_need_sa = [reg(1, f"p2_need_sa{i}") for i in range(rows)]
             p2_need_sb = [reg(1, f"p2_need_sb{j}") for j in range(cols)]
@@ -438,19 +500,20 @@ class OperandFeed(FeedComponent):
                 "p2_ksa", "p2_ksa_next", "p2_ksb", "p2_ksb_next"))
             p2_ahead_s = reg(1, "p2_ahead_s")
             with m.If(adv):
-                m.d.sync += [p2_ksa.eq((p1_k >> 5) << 3), p2_ksa_next.eq((p1_ks >> 5) << 3),
-                             p2_ksb.eq(((p1_k >> 5) << f_sb_k_sh)[:sw]),
-                             p2_ksb_next.eq(((p1_ks >> 5) << f_sb_k_sh)[:sw]),
-                             p2_ahead_s.eq(p1_ks < f_k)]
-                m.d.sync += [p2_need_sa[i].eq(p1_real & p1_block.rows_ok[i] & ~p1_bias
-                                              & f_a_scaled) for i in range(rows)]
-                m.d.sync += [p2_need_sb[j].eq(p1_real & p1_block.cols_ok[j] & ~p1_bias
-                                              & f_b_scaled) for j in range(cols)]
+                m.d.sync += [p2_ksa.eq(self._sa_kpart(p1.k)),
+                             p2_ksa_next.eq(self._sa_kpart(p1.ks)),
+                             p2_ksb.eq(self._sb_kpart(f, p1.k)),
+                             p2_ksb_next.eq(self._sb_kpart(f, p1.ks)),
+                             p2_ahead_s.eq(p1.ks < f.k)]
+                m.d.sync += [p2_need_sa[i].eq(p1.real & p1.block.rows_ok[i] & ~p1.bias
+                                              & f.a_scaled) for i in range(rows)]
+                m.d.sync += [p2_need_sb[j].eq(p1.real & p1.block.cols_ok[j] & ~p1.bias
+                                              & f.b_scaled) for j in range(cols)]
 
         # ------------------------------------------------------------------
         # Stage 3: each row's and column's part of the bit address, base included.
         # ------------------------------------------------------------------
-        p3_slot, p3_real, p3_bias, p3_first = (reg(len(s), "p3_slot"), reg(1, "p3_real"),
+        p3_slot, p3_real, p3_bias, p3_first = (reg(len(p1.slot), "p3_slot"), reg(1, "p3_real"),
                                                reg(1, "p3_bias"), reg(1, "p3_first"))
         p3_row_a = [reg(sw, f"p3_row_a{i}") for i in range(rows)]
         p3_row_b = [reg(sw, f"p3_row_b{j}") for j in range(cols)]
@@ -467,15 +530,9 @@ class OperandFeed(FeedComponent):
                          p3_ahead_b.eq(p2_ahead_b)]
             m.d.sync += [p3_need_a[i].eq(p2_need_a[i]) for i in range(rows)]
             m.d.sync += [p3_need_b[j].eq(p2_need_b[j]) for j in range(cols)]
-            m.d.sync += [p3_row_a[i].eq(f_a_base + (p2_gi[i] << f_a_row_sh))
-                         for i in range(rows)]
-            for j in range(cols):
-                gj = p2_gj[j]
-                # CUBE_N8: CELLs K-fast, N-slow; column gj's slice in its CELL is gj % 8.
-                n8 = (p2_cells[j] << 10) | (gj[:3] << 7)
-                m.d.sync += p3_row_b[j].eq(Mux(
-                    p2_bias, f_bias_base + (gj << 5),
-                    f_b_base + Mux(f_b_cell, n8, gj << f_b_row_sh)))
+            m.d.sync += [p3_row_a[i].eq(self._a_row(f, p2_gi[i])) for i in range(rows)]
+            m.d.sync += [p3_row_b[j].eq(self._b_row(f, p2_gj[j], p2_cells[j], p2_bias))
+                         for j in range(cols)]
         if scaled:
             p3_row_sa = [reg(sw, f"p3_row_sa{i}") for i in range(rows)]
             p3_row_sb = [reg(sw, f"p3_row_sb{j}") for j in range(cols)]
@@ -490,16 +547,14 @@ class OperandFeed(FeedComponent):
                              p3_ahead_s.eq(p2_ahead_s)]
                 m.d.sync += [p3_need_sa[i].eq(p2_need_sa[i]) for i in range(rows)]
                 m.d.sync += [p3_need_sb[j].eq(p2_need_sb[j]) for j in range(cols)]
-                m.d.sync += [p3_row_sa[i].eq(f_sa_base + (p2_gi[i] << f_sa_row_sh))
-                             for i in range(rows)]
-                m.d.sync += [p3_row_sb[j].eq(f_sb_base + (p2_gj[j] << 3))
-                             for j in range(cols)]
+                m.d.sync += [p3_row_sa[i].eq(self._sa_row(f, p2_gi[i])) for i in range(rows)]
+                m.d.sync += [p3_row_sb[j].eq(self._sb_row(f, p2_gj[j])) for j in range(cols)]
 
         # ------------------------------------------------------------------
         # Stage 4 (the lane stage): every lane's word address and bit offset, for k and
         # for its next word; it holds the position until every lane holds its word.
         # ------------------------------------------------------------------
-        p4_slot, p4_real, p4_bias, p4_first = (reg(len(s), "p4_slot"), reg(1, "p4_real"),
+        p4_slot, p4_real, p4_bias, p4_first = (reg(len(p1.slot), "p4_slot"), reg(1, "p4_real"),
                                                reg(1, "p4_bias"), reg(1, "p4_first"))
         lanes, extractors = [], []
         slot_is = [Signal(name=f"p4_slot_is{l}") for l in range(slots)]
@@ -531,35 +586,35 @@ class OperandFeed(FeedComponent):
         pairs = rows % 2 == 0
 
         def own_a(index, need):
-            return need & ~f_paired if pairs and index % 2 else need
+            return need & ~f.paired if pairs and index % 2 else need
 
         lane_group("a", rows, p3_row_a, p3_ka, p3_ka_next, p3_need_a, p3_ahead_a,
-                   f_a_space, f_a_w, f_a_space, own_a)
+                   f.a_space, f.a_w, f.a_space, own_a)
         lane_group("b", cols, p3_row_b, p3_kb, p3_kb_next, p3_need_b, p3_ahead_b,
-                   Mux(p4_bias, f_bias_space, f_b_space), Mux(p4_bias, 5, f_b_w),
-                   Mux(p3_bias, f_bias_space, f_b_space))
+                   Mux(p4_bias, f.bias_space, f.b_space), Mux(p4_bias, 5, f.b_w),
+                   Mux(p3_bias, f.bias_space, f.b_space))
         if scaled:
             lane_group("sa", rows, p3_row_sa, p3_ksa, p3_ksa_next, p3_need_sa, p3_ahead_s,
-                       f_sa_space, 3, f_sa_space)
+                       f.sa_space, 3, f.sa_space)
             lane_group("sb", cols, p3_row_sb, p3_ksb, p3_ksb_next, p3_need_sb, p3_ahead_s,
-                       f_sb_space, 3, f_sb_space)
+                       f.sb_space, 3, f.sb_space)
         with m.If(adv):
             m.d.sync += [p4_valid.eq(p3_valid), p4_slot.eq(p3_slot), p4_real.eq(p3_real),
                          p4_bias.eq(p3_bias), p4_first.eq(p3_first)]
 
         all_hit, words, busy = _lane_cache(m, lanes, self.rd, self.rsp, self.start, adv)
-        m.d.comb += rq_busy.eq(busy)
+        m.d.comb += p1.busy.eq(p2_valid | p3_valid | p4_valid | q_valid | out_valid | busy)
         for i in range(1, rows if pairs else 0, 2):
             for lane_slot in range(slots):
                 lane = i * slots + lane_slot             # A lanes come first, row-major
-                words[lane] = Mux(f_paired, words[lane - slots], words[lane])
+                words[lane] = Mux(f.paired, words[lane - slots], words[lane])
 
         # ------------------------------------------------------------------
         # Stage 5: each row's and column's element window.  An element (at most 32 bits,
         # aligned to its width) lies in one half of its word: the half moves on, the
         # shift inside it and the mask are the beat register's work.
         # ------------------------------------------------------------------
-        q_slot, q_real, q_bias, q_first = (reg(len(s), "q_slot"), reg(1, "q_real"),
+        q_slot, q_real, q_bias, q_first = (reg(len(p1.slot), "q_slot"), reg(1, "q_real"),
                                            reg(1, "q_bias"), reg(1, "q_first"))
         windows = []
         for index in range(len(lanes) // slots):
@@ -597,14 +652,13 @@ class OperandFeed(FeedComponent):
         with m.If(adv):
             m.d.sync += [out.a[i].eq(Mux(q_bias, _FP32_ONE, windows[i])) for i in range(rows)]
             m.d.sync += [out.b[j].eq(windows[rows + j]) for j in range(cols)]
-            m.d.sync += [out.a_type.eq(Mux(q_bias, int(DataType.FP32), f_a_type)),
-                         out.b_type.eq(Mux(q_bias, int(DataType.FP32), f_b_type)),
+            m.d.sync += [out.a_type.eq(Mux(q_bias, int(DataType.FP32), f.a_type)),
+                         out.b_type.eq(Mux(q_bias, int(DataType.FP32), f.b_type)),
                          out.slot.eq(q_slot), out.first.eq(q_first),
-                         out.load.eq(f_load), out.null.eq(~q_real)]
+                         out.load.eq(f.load), out.null.eq(~q_real)]
             if scaled:
                 m.d.sync += [out.a_scale[i].eq(windows[rows + cols + i]) for i in range(rows)]
                 m.d.sync += [out.b_scale[j].eq(windows[2 * rows + cols + j])
                              for j in range(cols)]
-                m.d.sync += [out.a_scale_en.eq(f_a_scaled & ~q_bias),
-                             out.b_scale_en.eq(f_b_scaled & ~q_bias)]
-        return m
+                m.d.sync += [out.a_scale_en.eq(f.a_scaled & ~q_bias),
+                             out.b_scale_en.eq(f.b_scaled & ~q_bias)]

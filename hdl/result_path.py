@@ -162,15 +162,18 @@ class ResultPath(wiring.Component):
         # Serializer: one element per cycle into PostProcess and the reductions
         # ------------------------------------------------------------------
         m.submodules.post = post = PostProcess(cfg)
-        m.d.comb += [
+        # The plan is still for the whole run and its first element comes many cycles
+        # after the start, so PostProcess takes it from registers: the B.IOR words cross
+        # the chip once, into these, instead of feeding its logic directly (issue #9).
+        m.d.sync += [
             post.plan.acc_type.eq(plan.acc_type),
             post.plan.pre_quant_mode.eq(plan.pre_quant_mode),
             post.plan.relu_mode.eq(plan.relu_mode),
             post.plan.rmode.eq(self.rmode), post.plan.sat.eq(self.sat),
             post.plan.quant_scalar.eq(plan.quant_scalar),
             post.plan.alpha_scalar.eq(plan.alpha_scalar),
-            post.clear.eq(self.clear),
         ]
+        m.d.comb += post.clear.eq(self.clear)
         gi = buf_row
         elem = Signal(32)
         with m.Switch(ser_j):

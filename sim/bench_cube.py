@@ -13,7 +13,11 @@ Cases (each one Matrix bundle; M is at most 32 per PE - CUBE_M32 - so the issue'
 * ``FP16 schedule, M = 16``: the same on one PE of 16 x 64 x 256 (the shape of the
   first version's table; no target: B alone is 4 reads per beat of the first block row);
 * ``FP16``: real FP16 x FP16 on a full-type 2 x 2 array, a smaller shape (no target);
-* ``overhead``: a 1 x 1 x 1 bundle on one PE: the fixed cost of a bundle.
+* ``overhead``: a 1 x 1 x 1 bundle on one PE: the fixed cost of a bundle;
+* ``S8, Shared B``: a Shared row-major B, which the operand buffers cannot take, so the beats
+  come from the lane path: every lane at once (``OperandFeed``), then one lane at a time
+  (``serial_lane_feed``, as ``ecp5-int8`` builds it: ``SerialFeed``); ``serial / parallel``
+  in the second row is the ratio of their cycles.
 
 Every case is checked bit for bit against the model.  ``bench_cube()`` returns one dict
 per case (``case``, ``array`` (R, C, L), ``shape``, ``pes``, ``cycles``, ``macs``,
@@ -47,14 +51,14 @@ def _helpers():
     return cube_bench_store, cube_cases
 
 
-def _case(name, config, slots, a_type, shape, pes, target, seed):
+def _case(name, config, slots, a_type, shape, pes, target, seed, shared=None):
     store, cases = _helpers()
     rng = np.random.default_rng(seed)
     m, n, k = shape
     mask = (0b1111 << (4 - pes)) & 0b1111
     state, plan = cases.make_case(rng, config, op=Operation.TMATMUL, a_type=a_type,
                                   b_type=a_type, m=m, n=n, k=k, mask=mask, mode=0, relu=0,
-                                  gcode=0, row_max=False,
+                                  gcode=0, row_max=False, shared=shared, trans_b=False,
                                   m_layout=Layout.CUBE_M32 if m > 16 else Layout.CUBE_M16)
     engine = CubeEngine(config, slots)
     run, = store.run_engine(engine, [(state, plan)])
@@ -102,6 +106,13 @@ def bench_cube(m: int = 32, n: int = 64, k: int = 256, size: int = 8, pes: int =
               (max(1, m // 4), max(1, n // 8), max(1, k // 8)), 1, None, seed),
         _case("overhead", int_build, None, DataType.S8, (1, 1, 1), 1, None, seed),
     ]
+    lane_shape = (16, 16, 64)
+    parallel, serial = (
+        _case(f"S8, Shared B, {kind} lanes", int_build.with_(serial_lane_feed=serial),
+              None, DataType.S8, lane_shape, 1, None, seed, shared="right")
+        for kind, serial in (("parallel", False), ("serial", True)))
+    serial["serial / parallel"] = round(serial["cycles"] / parallel["cycles"], 2)
+    report += [parallel, serial]
     if synthesize:
         report += [engine_resources("ecp5-int8"), engine_resources("ecp5-full")]
     return report

@@ -195,6 +195,36 @@ def test_integer_build_with_registered_product():
     check(config, [random_case(rng, config, (9, 9, 40)) for _ in range(10)])
 
 
+def _lane_path_specs(ops, max_mnk):
+    """Runs only the lane path takes: Shared B, Shared A and B, with and without TransA or
+    TransB."""
+    return [{"op": op, "shared": shared, "trans_a": ta, "trans_b": tb, "max_mnk": max_mnk}
+            for op in ops
+            for shared, ta, tb in (("right", False, False), ("right", False, True),
+                                   ("both", True, False), ("both", False, True))]
+
+
+def test_serial_lane_feed():
+    """``serial_lane_feed``: the lane path one lane at a time gives the model's results on
+    the integer, full-type (MX scales, floating BIAS) and odd (3 x 2, slow and stalling
+    store) builds, and is the slower feed: the same runs take more cycles than with every
+    lane at once."""
+    specs = _lane_path_specs((Operation.TMATMUL, Operation.TMATMUL_ACC), (5, 6, 40))
+    jobs = cases(21, INT, specs)
+    parallel = check(INT, jobs)
+    serial = check(INT.with_(serial_lane_feed=True), jobs)
+    for p, s in zip(parallel, serial):
+        assert s.cycles > p.cycles, (p.cycles, s.cycles)
+    full = FULL.with_(serial_lane_feed=True)
+    check(full, cases(22, full, _lane_path_specs(
+        (Operation.TMATMUL_MX_ACC, Operation.TMATMUL_BIAS, Operation.TMATMUL_MX_BIAS),
+        (4, 4, 64))))
+    odd = ODD.with_(serial_lane_feed=True)
+    rng = np.random.default_rng(23)
+    check(odd, [random_case(rng, odd, (9, 7, 40)) for _ in range(10)],
+          latency=3, write_stall=0.3, seed=2)
+
+
 def _walk(rows, cols, slots, m, n):
     """The groups :func:`block_walker` visits, as lists of (row0, col0) per used slot."""
     mod = Module()
@@ -357,3 +387,16 @@ def test_random_plans_regression(seed):
     check(INT, [random_case(rng, INT, (32, 24, 100)) for _ in range(150)])
     check(ODD, [random_case(rng, ODD, (20, 20, 70)) for _ in range(75)],
           latency=1 + seed % 3, write_stall=0.1 * (seed % 4), seed=seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_random_plans_serial_lane_feed_regression(seed):
+    """The serial lane path on 100 random plans per seed: full build, 8 x 8 and odd integer
+    builds (``ecp5-int8`` has it)."""
+    rng = np.random.default_rng(200 + seed)
+    for config, count, mnk in ((FULL, 20, (17, 17, 70)), (INT.with_(rows=8, cols=8), 40,
+                                                          (32, 24, 100)), (ODD, 40, (20, 20, 70))):
+        config = config.with_(serial_lane_feed=True)
+        check(config, [random_case(rng, config, mnk) for _ in range(count)],
+              latency=1 + seed % 3, write_stall=0.1 * (seed % 4), seed=seed)

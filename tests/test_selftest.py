@@ -195,6 +195,11 @@ def test_matrix_bundles_per_type_set(name):
     c_names = re.findall(r"^BSTART\.TMATMUL\.ACC .*?^B\.IOT (\S+),", "\n".join(program),
                          re.M | re.S)
     assert c_names == [selector_name(b.published[0].index) for b in bias] and len(acc) == len(bias)
+    # A serial lane path is checked by a TMATMUL with a Shared B (the lane path's runs).
+    lane = [r for r in results if r.operation is Operation.TMATMUL]
+    assert len(lane) == (config.int_types and config.serial_lane_feed)
+    assert all(r.outcome is Outcome.SUCCESS and r.published for r in lane)
+    assert bool(re.search(r"^B\.IOS S0,", "\n".join(program), re.M)) == bool(lane)
     held = sum(t.capacity for t in state.pes[MATRIX_PE].tiles if t is not None)
     assert held <= config.tile_bytes_per_pe
     steps = golden_program(config, per_beat=PARCELS_PER_BEAT)

@@ -1,0 +1,221 @@
+"""The serial lane path of the CUBE engine: one lane at a time, for builds short of logic.
+
+:class:`SerialFeed` gives the same beats as :class:`~ptocube.hdl.operand_feed.OperandFeed`
+(same positions: a null group, the real groups, a null group, from the same walker and
+sequencer) but gathers each beat's elements one *lane* at a time instead of all at once:
+the A rows, then the B columns, then (MX builds) the A-scale rows and the B-scale columns.
+Only the runs :class:`~ptocube.hdl.panel_feed.PanelFeed` cannot take reach it (Shared or
+transposed primaries, MX scales, the floating Bias term), so a build that must save logic
+(``CubeConfig.serial_lane_feed``) trades their speed - about one lane per cycle, R + C
+cycles a beat or more, against one beat per cycle - for one address adder chain, one
+element extractor and one word register instead of R + C of each (``docs/hdl-cube.md``).
+
+Lanes move through three stages that advance together:
+
+* **row**: the lane's output row (A, scale of A) or column (B, scale of B) and whether the
+  beat needs its element;
+* **address**: the element's bit address (row part + K part, as the parallel feed computes
+  it) split into word address and offset;
+* **lookup**: the word from the lane's entry of a small word memory (R + C entries, or
+  twice that with scales: LUT RAM), or from the word the previous lane used; on a miss it
+  reads the word (a registered request, one outstanding read), keeps it in both, and looks
+  again.  The element goes straight into the beat register.
+
+A lane keeps its entry across beats, so a word along K is read once per block row or
+column as in the parallel feed (without its read-ahead).  The beat register is filled only
+while no beat is offered, and a beat is offered once its last lane is done.
+"""
+
+from types import SimpleNamespace
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib.memory import Memory
+
+from ..model.datatype import DataType
+from .cell_address import extract
+from .operand_feed import _FP32_ONE, OperandFeed
+
+__all__ = ["SerialFeed"]
+
+
+class SerialFeed(OperandFeed):
+    """Beats for one PE's run of a Matrix plan, one lane at a time.
+
+    The ports and their meaning are :class:`~ptocube.hdl.operand_feed.OperandFeed`'s; only
+    the time a beat takes differs (see the module docstring).
+    """
+
+    def _beats(self, m: Module, f: SimpleNamespace, p1: SimpleNamespace):
+        cfg = self.config
+        rows, cols, scaled = cfg.rows, cfg.cols, self.has_scale
+        aw, sw = f.aw, f.sw
+        # Lane groups in gathering order: (operand, lane count).
+        groups = [("a", rows), ("b", cols)] + ([("sa", rows), ("sb", cols)] if scaled else [])
+        lanes = sum(count for _, count in groups)
+        first_lane = [sum(count for _, count in groups[:g]) for g in range(len(groups))]
+
+        out = Signal(self.feed.payload.shape(), name="out")
+        out_valid = Signal(name="out_valid")
+        m.d.comb += [self.feed.valid.eq(out_valid), self.feed.payload.eq(out)]
+        with m.If(self.feed.ready):
+            m.d.sync += out_valid.eq(0)
+
+        # ------------------------------------------------------------------
+        # The position being gathered, taken from stage 1 while no beat is offered.
+        # ------------------------------------------------------------------
+        gathering = Signal()
+        take = Signal()
+        m.d.comb += [take.eq(p1.valid & ~gathering & ~out_valid),
+                     p1.adv.eq(~p1.valid | take)]
+        pos = SimpleNamespace(
+            slot=Signal(len(p1.slot), name="s_slot"), real=Signal(name="s_real"),
+            bias=Signal(name="s_bias"), first=Signal(name="s_first"),
+            block=Signal(p1.block.shape(), name="s_block"),
+            ka=Signal(sw, name="s_ka"), kb=Signal(sw, name="s_kb"))
+        if scaled:
+            pos.ksa, pos.ksb = Signal(sw, name="s_ksa"), Signal(sw, name="s_ksb")
+        issue = Signal(range(lanes + 1), name="s_issue")     # next lane into the row stage
+        with m.If(take):
+            m.d.sync += [gathering.eq(1), issue.eq(Mux(p1.real, 0, lanes)),
+                         pos.slot.eq(p1.slot), pos.real.eq(p1.real), pos.bias.eq(p1.bias),
+                         pos.first.eq(p1.first), pos.block.eq(p1.block),
+                         pos.ka.eq(self._a_kpart(f, p1.k)),
+                         pos.kb.eq(Mux(p1.bias, 0, self._b_kpart(f, p1.k)))]
+            if scaled:
+                m.d.sync += [pos.ksa.eq(self._sa_kpart(p1.k)),
+                             pos.ksb.eq(self._sb_kpart(f, p1.k))]
+            # Elements no lane needs stay 0, as the parallel feed's masked windows.
+            m.d.sync += [out.a[i].eq(Mux(p1.bias, _FP32_ONE, 0)) for i in range(rows)]
+            m.d.sync += [out.b[j].eq(0) for j in range(cols)]
+            if scaled:
+                m.d.sync += [out.a_scale[i].eq(0) for i in range(rows)]
+                m.d.sync += [out.b_scale[j].eq(0) for j in range(cols)]
+
+        # ------------------------------------------------------------------
+        # Three lane stages; ``go`` moves all of them (the lookup is done or empty).
+        # ------------------------------------------------------------------
+        go = Signal()
+        r_valid, a_valid, l_valid = (Signal(name=f"s_{n}_valid") for n in ("row", "addr", "look"))
+        r_lane, a_lane, l_lane = (Signal(range(lanes), name=f"s_{n}_lane")
+                                  for n in ("row", "addr", "look"))
+        r_group, a_group = (Signal(range(len(groups)), name=f"s_{n}_group")
+                            for n in ("row", "addr"))
+        r_index = Signal(range(max(2, rows, cols)), name="s_row_index")
+        r_g, r_need = Signal(16, name="s_row_g"), Signal(name="s_row_need")
+
+        # Row stage: lane ``issue`` -> group, index in it, output row or column, need.
+        wanted = {"a": ~pos.bias, "b": Const(1)}
+        if scaled:
+            wanted.update(sa=~pos.bias & f.a_scaled, sb=~pos.bias & f.b_scaled)
+        with m.If(go):
+            m.d.sync += r_valid.eq(gathering & (issue < lanes))
+            with m.If(gathering & (issue < lanes)):
+                m.d.sync += [issue.eq(issue + 1), r_lane.eq(issue)]
+                for g, ((name, count), base) in enumerate(zip(groups, first_lane)):
+                    with m.If((issue >= base) & (issue < base + count)):
+                        index = (issue - base)[:len(r_index)]
+                        is_row = name in ("a", "sa")
+                        start = pos.block.r if is_row else pos.block.c
+                        ok = (pos.block.rows_ok if is_row else pos.block.cols_ok).bit_select(
+                            index, 1)
+                        m.d.sync += [r_group.eq(g), r_index.eq(index), r_g.eq(start + index),
+                                     r_need.eq(ok & wanted[name])]
+
+        # Address stage: the bit address of the element, its memory and width.
+        a_addr, a_off = Signal(aw, name="s_addr_word"), Signal(6, name="s_addr_off")
+        a_space, a_log2w = Signal(3, name="s_addr_space"), Signal(3, name="s_addr_log2w")
+        a_need, a_index = Signal(name="s_addr_need"), Signal(len(r_index), name="s_addr_index")
+        bits = Signal(sw, name="s_bits")
+        space, log2w = Signal(3, name="s_space"), Signal(3, name="s_log2w")
+        # Per group: (row part, K part, memory space, log2 of the element width).
+        parts = {"a": (self._a_row(f, r_g), pos.ka, f.a_space, f.a_w),
+                 "b": (self._b_row(f, r_g, self._b_cells(f, r_g), pos.bias), pos.kb,
+                       Mux(pos.bias, f.bias_space, f.b_space), Mux(pos.bias, 5, f.b_w))}
+        if scaled:
+            parts.update(sa=(self._sa_row(f, r_g), pos.ksa, f.sa_space, 3),
+                         sb=(self._sb_row(f, r_g), pos.ksb, f.sb_space, 3))
+        with m.Switch(r_group):
+            for g, (name, _) in enumerate(groups):
+                with m.Case(g):
+                    row_part, k_part, sp, w = parts[name]
+                    m.d.comb += [bits.eq(row_part + k_part), space.eq(sp), log2w.eq(w)]
+        with m.If(go):
+            m.d.sync += [a_valid.eq(r_valid), a_lane.eq(r_lane), a_group.eq(r_group),
+                         a_index.eq(r_index), a_need.eq(r_need), a_addr.eq(bits[6:]),
+                         a_off.eq(bits[:6]), a_space.eq(space), a_log2w.eq(log2w)]
+
+        # Lookup stage: the lane's word memory entry or the last word, else a read.
+        l_group = Signal.like(a_group, name="s_look_group")
+        l_index = Signal.like(a_index, name="s_look_index")
+        l_addr, l_off = Signal.like(a_addr, name="s_look_word"), Signal.like(a_off, name="s_look_off")
+        l_space, l_log2w = Signal(3, name="s_look_space"), Signal(3, name="s_look_log2w")
+        l_need = Signal(name="s_look_need")
+        with m.If(go):
+            m.d.sync += [l_valid.eq(a_valid), l_lane.eq(a_lane), l_group.eq(a_group),
+                         l_index.eq(a_index), l_addr.eq(a_addr), l_off.eq(a_off),
+                         l_space.eq(a_space), l_log2w.eq(a_log2w), l_need.eq(a_need)]
+
+        tag = Cat(l_addr, l_space)
+        m.submodules.words = words = Memory(shape=64 + len(tag), depth=lanes, init=[])
+        held = words.read_port(domain="comb")
+        store = words.write_port()
+        held_ok = Signal(lanes, name="s_held_ok")       # entries written since start
+        last_word, last_tag = Signal(64, name="s_last_word"), Signal.like(tag, name="s_last_tag")
+        last_ok = Signal(name="s_last_ok")
+        m.d.comb += held.addr.eq(l_lane)
+        lane_hit = held_ok.bit_select(l_lane, 1) & (held.data[64:] == tag)
+        last_hit = last_ok & (last_tag == tag)
+        word = Mux(lane_hit, held.data[:64], last_word)
+        done, used = Signal(name="s_look_done"), Signal(name="s_look_used")
+        m.d.comb += [done.eq(l_valid & (~l_need | lane_hit | last_hit)),
+                     used.eq(done & l_need), go.eq(~l_valid | done)]
+        # A word found becomes the last word (the next lane often needs it: the other row
+        # of a CUBE_M32 word, the next element of a row-major row) and the lane's entry.
+        m.d.comb += [store.addr.eq(l_lane), store.data.eq(Cat(last_word, tag)),
+                     store.en.eq(used & ~lane_hit)]
+        with m.If(used):
+            m.d.sync += [last_word.eq(word), last_tag.eq(tag), last_ok.eq(1),
+                         held_ok.eq(held_ok | (Const(1, lanes) << l_lane)[:lanes])]
+
+        # The element into its place in the beat register.
+        targets = {"a": out.a, "b": out.b}
+        if scaled:
+            targets.update(sa=out.a_scale, sb=out.b_scale)
+        half = Mux(l_off[5], word[32:], word[:32])
+        element = extract(half, l_off[:5], l_log2w, 32)
+        with m.If(used):
+            for g, (name, count) in enumerate(groups):
+                with m.If(l_group == g):
+                    with m.Switch(l_index):
+                        for index in range(count):
+                            with m.Case(index):
+                                m.d.sync += targets[name][index].eq(element)
+        last_done = done & (l_lane == lanes - 1)
+        none_left = gathering & (issue == lanes) & ~r_valid & ~a_valid & ~l_valid
+        with m.If(last_done | none_left):
+            m.d.sync += [gathering.eq(0), out_valid.eq(1),
+                         out.a_type.eq(Mux(pos.bias, int(DataType.FP32), f.a_type)),
+                         out.b_type.eq(Mux(pos.bias, int(DataType.FP32), f.b_type)),
+                         out.slot.eq(pos.slot), out.first.eq(pos.first),
+                         out.load.eq(f.load), out.null.eq(~pos.real)]
+            if scaled:
+                m.d.sync += [out.a_scale_en.eq(f.a_scaled & ~pos.bias),
+                             out.b_scale_en.eq(f.b_scaled & ~pos.bias)]
+
+        # Reads: one outstanding, from a request register; the answer becomes the last
+        # word, and the lookup finds it the next cycle.
+        rq_valid, pending = Signal(name="s_rq_valid"), Signal(name="s_pending")
+        rq = Signal(self.rd.payload.shape(), name="s_rq")
+        m.d.comb += [self.rd.valid.eq(rq_valid), self.rd.payload.eq(rq)]
+        with m.If(self.rd.ready):
+            m.d.sync += rq_valid.eq(0)
+        with m.If(l_valid & ~done & ~pending):
+            m.d.sync += [rq_valid.eq(1), pending.eq(1), rq.space.as_value().eq(l_space),
+                         rq.addr.eq(l_addr), rq.tag.eq(0)]
+        with m.If(self.rsp.valid):
+            m.d.sync += [pending.eq(0), last_word.eq(self.rsp.data), last_tag.eq(tag),
+                         last_ok.eq(1)]
+        with m.If(self.start):
+            m.d.sync += [held_ok.eq(0), last_ok.eq(0)]
+
+        m.d.comb += p1.busy.eq(gathering | out_valid | rq_valid | pending)
