@@ -262,8 +262,8 @@ class BenchCase(NamedTuple):
 
 
 #: ``make bench`` cases. The whole units use the flow that routes the 4 x 4 unit (static
-#: placer, router2; decision F26/F27); the 8 x 8 unit does not route yet and ends at the
-#: time limit.
+#: placer, router2; decision F26/F27); the 8 x 8 unit here (wrapped, 100 MHz constraint) has
+#: not routed before the time limit (its self-test routes with seed 3, docs/fpga.md).
 BENCH_CASES = (
     BenchCase("ulx3s-85f", "ecp5-int8", "systolic", 100, "router2"),
     BenchCase("ulx3s-85f", "ecp5-int4", "unit", 100, "router2", "static"),

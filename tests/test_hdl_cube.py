@@ -392,11 +392,11 @@ def test_random_plans_regression(seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_random_plans_serial_lane_feed_regression(seed):
-    """The serial lane path on 100 random plans per seed: full build, 8 x 8 and odd integer
+    """The serial lane path on 70 random plans per seed: full build, 8 x 8 and odd integer
     builds (``ecp5-int8`` has it)."""
     rng = np.random.default_rng(200 + seed)
-    for config, count, mnk in ((FULL, 20, (17, 17, 70)), (INT.with_(rows=8, cols=8), 40,
-                                                          (32, 24, 100)), (ODD, 40, (20, 20, 70))):
+    for config, count, mnk in ((FULL, 20, (17, 17, 70)), (INT.with_(rows=8, cols=8), 15,
+                                                          (16, 16, 64)), (ODD, 35, (20, 20, 70))):
         config = config.with_(serial_lane_feed=True)
         check(config, [random_case(rng, config, mnk) for _ in range(count)],
               latency=1 + seed % 3, write_stall=0.1 * (seed % 4), seed=seed)
