@@ -72,6 +72,9 @@ class Board:
                device and router2 stalls in the congestion (decision F26).
     unit_router: the nextpnr router for the whole unit (``None``: nextpnr's default,
                router1): ``router2`` on the ECP5 boards, the one that routes it (F27).
+    unit_seed: the nextpnr placer seed of the board's default unit build (:attr:`unit_preset`
+               with this flow): one it is known to route with; ``make regress`` rebuilds it
+               (decision F31). Other presets and designs default to seed 1.
     """
 
     name: str
@@ -87,6 +90,7 @@ class Board:
     unit_preset: str | None = None
     unit_placer: str | None = None
     unit_router: str | None = None
+    unit_seed: int = 1
 
     def __post_init__(self):
         if self.design not in SELFTEST_DESIGNS:
@@ -127,7 +131,7 @@ BOARDS = {b.name: b for b in [
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
           unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2"),
+          unit_router="router2", unit_seed=2),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
           ECP5_UNIT_MHZ, unit_preset="ecp5-full", unit_placer="static",

@@ -61,13 +61,23 @@ def _board_arguments(parser, board_required=True):
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="configuration preset (default: the board's; build --design "
                              "unit: the board's unit preset, ecp5-full on the ECP5 boards)")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    parser.add_argument("--seed", type=int,
+                        help="nextpnr placer seed (default 1; build of the board's default "
+                             "unit: the board's, 2 on the ULX3S-85F)")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr router (default: nextpnr's, router1; build --design "
                              "unit: the board's, router2 on the ECP5 boards)")
     parser.add_argument("--placer", choices=("heap", "static", "sa"),
                         help="nextpnr placer (default: nextpnr's, heap; build --design "
                              "unit: the board's, static on the ECP5 boards)")
+
+
+def _seed(args, brd, unit_preset=None) -> int:
+    """The ``--seed`` given, else the board's unit seed for a build of its default unit
+    (``unit_preset`` names the unit preset being built), else 1."""
+    if args.seed is not None:
+        return args.seed
+    return brd.unit_seed if unit_preset and unit_preset == brd.unit_preset else 1
 
 
 def _out_dir(args, brd):
@@ -124,7 +134,8 @@ def run_build(args) -> int:
     try:
         placer = args.placer or (brd.unit_placer if unit else None)
         router = args.router or (brd.unit_router if unit else None)
-        result = build_bitstream(brd, top, out, seed=args.seed, router=router,
+        result = build_bitstream(brd, top, out, seed=_seed(args, brd, unit and name),
+                                 router=router,
                                  placer=placer, design=design_name, preset=name,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except ToolError as error:
@@ -182,7 +193,7 @@ def run_synth(args) -> int:
     work = out / f"synth-{name}-{args.design}"
     config = fpga_config(preset(name), brd.device.family)
     result = place_and_route(design(args.design, config), brd.device, freq_mhz=freq,
-                             seed=args.seed, workdir=work, wrap=True, router=args.router,
+                             seed=_seed(args, brd), workdir=work, wrap=True, router=args.router,
                              placer=args.placer)
     report = {"board": brd.name, "preset": name, "design": args.design, "placer": args.placer,
               "dsp_primitives": config.dsp_primitives, **result.to_json()}
@@ -219,7 +230,7 @@ def _run_by_part(args) -> int:
     try:
         if args.timing:
             result = unit_timing(name, family, out, select=select, progress=progress,
-                                 freq_mhz=args.freq or 100.0, seed=args.seed,
+                                 freq_mhz=args.freq or 100.0, seed=_seed(args, brd),
                                  router=args.router or "router2")
         else:
             result = unit_breakdown(name, family, out, select=select, progress=progress)

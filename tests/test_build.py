@@ -192,13 +192,15 @@ def test_cli_build_design_choice(monkeypatch, capsys):
 
 
 def test_cli_build_unit_flow(monkeypatch):
-    # The whole unit on the ECP5 boards: the 4 x 4 preset, the static placer and router2
-    # (F26, F27); the array and the iCEBreaker keep the board's preset and nextpnr's
-    # defaults, and --preset, --placer and --router override.
+    # The whole unit on the ECP5 boards: the full-type preset, the static placer, router2
+    # and the board's unit seed (F26, F27, F29, F31); the array, the iCEBreaker and other
+    # presets keep the board's preset, nextpnr's defaults and seed 1, and --preset,
+    # --placer, --router and --seed override.
     asked = []
 
     def fake_build(brd, top, out, **kwargs):
-        asked.append((brd.name, kwargs["design"], top, kwargs["placer"], kwargs["router"]))
+        asked.append((brd.name, kwargs["design"], top, kwargs["placer"], kwargs["router"],
+                      kwargs["seed"]))
         raise ToolError("stop here")
     monkeypatch.setattr(boards, "build_bitstream", fake_build)
     monkeypatch.setattr(boards, "BoardTop", lambda brd, design, **kwargs: design)
@@ -209,14 +211,17 @@ def test_cli_build_unit_flow(monkeypatch):
                  ["--board", "ulx3s-85f", "--design", "array"],
                  ["--board", "icebreaker"],
                  ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap",
-                  "--router", "router1", "--preset", "ecp5-int8"]):
+                  "--router", "router1", "--preset", "ecp5-int8"],
+                 ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5"]):
         assert _cli("build", *argv) == 1
+    assert board("ulx3s-85f").unit_seed == 2
     assert asked == [
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2"),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2"),
-        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None),
-        ("icebreaker", "array", preset("ice40-tiny"), None, None),
-        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1")]
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", 2),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", 1),
+        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, 1),
+        ("icebreaker", "array", preset("ice40-tiny"), None, None, 1),
+        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", 1),
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", 5)]
 
 
 def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
@@ -315,7 +320,7 @@ def test_boards_known():
     ("ulx3s-85f", "ecp5-int4", None), ("ulx3s-85f", "ecp5-int8", 3)])
 def test_cli_build_unit_selftest(name, preset_name, seed, tmp_path, capsys):
     # The board's default: the whole unit's self-test bitstream (ecp5-full, static placer,
-    # router2, F29), meeting its clock; the 4 x 4 integer unit, the default before it
+    # router2, the board's unit seed, F29, F31), meeting its clock; the 4 x 4 integer unit, the default before it
     # (F27); the 8 x 8 integer unit with the one seed it is known to route with
     # (docs/fpga.md, session 13). About 20-35 minutes of CPU each.
     extra = ["--preset", preset_name] if preset_name else []
