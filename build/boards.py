@@ -11,10 +11,9 @@ openFPGALoader nor anything on ``PATH`` is needed.
 
 import json
 import os
-import signal
-import subprocess
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from amaranth.hdl import Elaboratable, Module
@@ -23,7 +22,8 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from .ecp5_pll import Ecp5Pll, pll_dividers
-from .pnr import DEVICES, Device, PnrResult, ToolError, result_from_files, tool
+from .pnr import (DEVICES, STALL_ITERATIONS, Device, PnrResult, RouterStalled, StallWatch,
+                  ToolError, result_from_files, run_watched, tool)
 
 __all__ = ["Board", "BOARDS", "SELFTEST_DESIGNS", "ECP5_UNIT_MHZ", "board", "BoardTop",
            "BuildResult", "build_bitstream", "toolchain_env"]
@@ -72,9 +72,10 @@ class Board:
                device and router2 stalls in the congestion (decision F26).
     unit_router: the nextpnr router for the whole unit (``None``: nextpnr's default,
                router1): ``router2`` on the ECP5 boards, the one that routes it (F27).
-    unit_seed: the nextpnr placer seed of the board's default unit build (:attr:`unit_preset`
-               with this flow): one it is known to route with; ``make regress`` rebuilds it
-               (decision F31). Other presets and designs default to seed 1.
+    unit_seeds: the nextpnr placer seeds of the board's default unit build (:attr:`unit_preset`
+               with this flow), tried in order until one routes (:func:`build_bitstream`):
+               first the one it is known to route with on the current tree (decision F31).
+               Other presets and designs default to seed 1 alone.
     """
 
     name: str
@@ -90,7 +91,7 @@ class Board:
     unit_preset: str | None = None
     unit_placer: str | None = None
     unit_router: str | None = None
-    unit_seed: int = 1
+    unit_seeds: tuple = (1,)
 
     def __post_init__(self):
         if self.design not in SELFTEST_DESIGNS:
@@ -131,11 +132,11 @@ BOARDS = {b.name: b for b in [
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
           unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2", unit_seed=2),
+          unit_router="router2", unit_seeds=(2, 3, 1)),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
           ECP5_UNIT_MHZ, unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2"),
+          unit_router="router2", unit_seeds=(1, 2, 3)),
 ]}
 
 
@@ -195,7 +196,9 @@ def toolchain_env(family: str) -> dict:
 
 @dataclass
 class BuildResult:
-    """A board build: where the bitstream is and the figures of its place and route."""
+    """A board build: where the bitstream is and the figures of its place and route
+    (``figures.seed`` is the seed that routed; ``stalled`` the seeds tried before it, each
+    with its :class:`~ptocube.build.pnr.RouterStalled`)."""
     board: str
     bitstream: Path
     figures: PnrResult
@@ -204,6 +207,7 @@ class BuildResult:
     placer: str | None = None
     preset: str | None = None
     router: str | None = None
+    stalled: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         """A plain dictionary for ``summary.json``."""
@@ -211,28 +215,44 @@ class BuildResult:
                 "placer": self.placer, "router": self.router,
                 "bitstream": str(self.bitstream),
                 "bitstream_bytes": self.bitstream.stat().st_size, "seconds": self.seconds,
-                "timing_met": self.figures.timing_met, **self.figures.to_json()}
+                "timing_met": self.figures.timing_met,
+                "stalled": [{"seed": seed, "best": e.best, "best_iteration": e.best_iteration,
+                             "iteration": e.iteration} for seed, e in self.stalled],
+                **self.figures.to_json()}
 
 
-def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
+def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                     router: str | None = None, placer: str | None = None,
                     design: str | None = None, preset: str | None = None,
-                    timeout: float | None = None) -> BuildResult:
+                    timeout: float | None = None, stall: int | None = STALL_ITERATIONS,
+                    progress=None, poll_seconds: float = 5.0) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
     ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design`` and
-    ``preset``, what ``top`` carries, e.g. ``unit`` of ``ecp5-int4``, and the placer and
-    router used).
+    ``preset``, what ``top`` carries, e.g. ``unit`` of ``ecp5-int4``, and the placer, router
+    and seed used).
 
-    Timing is not enforced by nextpnr (``--timing-allow-fail``) so that a miss still gives a
-    report; :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
-    Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails or the tools together
-    take longer than ``timeout`` seconds (nextpnr's router2 does not give up by itself on a
-    design it cannot route).
+    ``seeds`` are nextpnr placer seeds, tried in order: when router2 goes ``stall``
+    iterations without progress (:class:`~ptocube.build.pnr.StallWatch`), the tools are
+    stopped, ``progress`` (if given) is called with the seed and its
+    :class:`~ptocube.build.pnr.RouterStalled`, and the next seed is placed and routed from
+    the same netlist (synthesis runs once). Timing is not enforced by nextpnr
+    (``--timing-allow-fail``) so that a miss still gives a report;
+    :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
+    Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails, the tools together take
+    longer than ``timeout`` seconds, or every seed stalls (:class:`RouterStalled`, the last
+    seed's).
     """
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("build_bitstream needs at least one seed")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    nextpnr_opts = ["--report", "top.report.json", "--seed", str(seed), "--timing-allow-fail"]
+    deadline = None if timeout is None else start + timeout
+    # The seed comes from the environment, so that one generated script serves every seed;
+    # run by hand, the script places with the first.
+    nextpnr_opts = ["--report", "top.report.json", "--seed", f"${{PTOCUBE_SEED:-{seeds[0]}}}",
+                    "--timing-allow-fail"]
     if router is not None:
         nextpnr_opts += ["--router", router]
     if placer is not None:
@@ -246,26 +266,37 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seed: int = 1,
     # requires openFPGALoader even when it is not asked to program the board).
     plan = brd.platform().build(top, name="top", do_build=False, **overrides)
     plan.extract(out)
-    # Its own process group, so that a timeout stops the tools, not only the script.
-    script = subprocess.Popen(["sh", f"{plan.script}.sh"], cwd=out, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              start_new_session=True)
-    try:
-        _, stderr = script.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(script.pid, signal.SIGKILL)
-        script.communicate()
-        raise ToolError(f"{brd.name} build did not finish within {timeout:g} s (logs in "
-                        f"{out})") from None
-    if script.returncode != 0:
+    stalled = []
+    for attempt, seed in enumerate(seeds):
+        env["PTOCUBE_SEED"] = str(seed)
+        if attempt:
+            # The netlist of the first attempt is kept: the script's synthesis step becomes
+            # a no-op.
+            env["YOSYS"] = shutil.which("true")
+        watch = StallWatch(out / "top.tim", stall) if stall else None
+        try:
+            done = run_watched(["sh", f"{plan.script}.sh"], out, deadline=deadline,
+                               late=f"{brd.name} build did not finish within {timeout} s "
+                                    f"(logs in {out})",
+                               watch=watch, env=env, poll_seconds=poll_seconds)
+        except RouterStalled as error:
+            stalled.append((seed, error))
+            if progress is not None:
+                progress(seed, error)
+            if attempt == len(seeds) - 1:
+                raise
+            continue
+        break
+    if done.returncode != 0:
         logs = [out / "top.tim", out / "top.rpt"]
         text = next((p.read_text() for p in logs if p.exists() and p.stat().st_size), "")
-        tail = "\n".join((text or stderr).splitlines()[-15:])
-        raise ToolError(f"{brd.name} build failed (exit {script.returncode}):\n{tail}")
+        tail = "\n".join((text or done.stderr).splitlines()[-15:])
+        raise ToolError(f"{brd.name} build failed (exit {done.returncode}):\n{tail}")
     figures = result_from_files(brd.device, out / "top.stat.json", out / "top.report.json",
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,
-                         round(time.monotonic() - start, 2), design, placer, preset, router)
+                         round(time.monotonic() - start, 2), design, placer, preset, router,
+                         stalled)
     figures.seconds = result.seconds
     (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result

@@ -14,6 +14,7 @@
 * ``verilog --preset NAME -o FILE.v``: the unit's Verilog.
 """
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import NamedTuple
 
 from ..hdl.config import PRESETS, preset
 from .boards import BOARDS, SELFTEST_DESIGNS, board
+from .pnr import STALL_ITERATIONS
 
 __all__ = ["add_build_arguments", "run_build", "add_synth_arguments", "run_synth",
            "add_verilog_arguments", "run_verilog", "design", "fpga_config", "bench_fpga",
@@ -61,9 +63,13 @@ def _board_arguments(parser, board_required=True):
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="configuration preset (default: the board's; build --design "
                              "unit: the board's unit preset, ecp5-full on the ECP5 boards)")
-    parser.add_argument("--seed", type=int,
-                        help="nextpnr placer seed (default 1; build of the board's default "
-                             "unit: the board's, 2 on the ULX3S-85F)")
+    parser.add_argument("--seed", type=_seed_list, metavar="N[,N...]",
+                        help="nextpnr placer seed (default 1); build: seeds tried in order "
+                             "while router2 stalls (default for the board's unit: the "
+                             "board's, 2,3,1 on the ULX3S-85F and 1,2,3 on the ECPIX-5)")
+    parser.add_argument("--stall", type=int, default=STALL_ITERATIONS, metavar="ITERATIONS",
+                        help="stop router2 after this many iterations without fewer "
+                             f"overused wires (default {STALL_ITERATIONS}; 0: never)")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr router (default: nextpnr's, router1; build --design "
                              "unit: the board's, router2 on the ECP5 boards)")
@@ -72,12 +78,31 @@ def _board_arguments(parser, board_required=True):
                              "unit: the board's, static on the ECP5 boards)")
 
 
-def _seed(args, brd, unit_preset=None) -> int:
-    """The ``--seed`` given, else the board's unit seed for a build of its default unit
-    (``unit_preset`` names the unit preset being built), else 1."""
+def _seed_list(text: str) -> tuple:
+    """``--seed``: one seed or a comma-separated list."""
+    try:
+        seeds = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are integers separated by commas, not "
+                                         f"{text!r}") from None
+    return seeds
+
+
+def _seeds(args, brd, unit_preset=None) -> tuple:
+    """The ``--seed`` list given, else the board's unit seeds for a build of its default
+    unit (``unit_preset`` names the unit preset being built), else seed 1."""
     if args.seed is not None:
         return args.seed
-    return brd.unit_seed if unit_preset and unit_preset == brd.unit_preset else 1
+    return brd.unit_seeds if unit_preset and unit_preset == brd.unit_preset else (1,)
+
+
+def _one_seed(args) -> int:
+    """``synth``'s seed: it places and routes once (checked by :func:`run_synth`)."""
+    return args.seed[0] if args.seed else 1
+
+
+def _report_stall(seed, error):
+    print(f"seed {seed}: {error}; stopped", file=sys.stderr, flush=True)
 
 
 def _out_dir(args, brd):
@@ -134,15 +159,16 @@ def run_build(args) -> int:
     try:
         placer = args.placer or (brd.unit_placer if unit else None)
         router = args.router or (brd.unit_router if unit else None)
-        result = build_bitstream(brd, top, out, seed=_seed(args, brd, unit and name),
-                                 router=router,
+        result = build_bitstream(brd, top, out, seeds=_seeds(args, brd, unit and name),
+                                 router=router, stall=args.stall or None,
+                                 progress=_report_stall,
                                  placer=placer, design=design_name, preset=name,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"{brd.description}, preset {name}, {design_name} self-test at "
-          f"{clk_hz / 1e6:g} MHz: {result.bitstream} "
+          f"{clk_hz / 1e6:g} MHz, seed {result.figures.seed}: {result.bitstream} "
           f"({result.bitstream.stat().st_size} bytes, {result.seconds:.1f} s)")
     print(result.figures.table())
     if not result.figures.timing_met:
@@ -177,8 +203,12 @@ def add_synth_arguments(parser):
 
 
 def run_synth(args) -> int:
-    """Place and route a design on the board's FPGA and report resources and Fmax."""
-    from .pnr import place_and_route
+    """Place and route a design on the board's FPGA and report resources and Fmax; exit
+    status 1 when a tool fails or router2 stalls."""
+    from .pnr import ToolError, place_and_route
+    if args.seed is not None and len(args.seed) > 1:
+        print("error: synth places and routes once: give one --seed", file=sys.stderr)
+        return 2
     if args.breakdown or args.timing:
         return _run_by_part(args)
     if args.board is None:
@@ -192,9 +222,14 @@ def run_synth(args) -> int:
     out = _out_dir(args, brd)
     work = out / f"synth-{name}-{args.design}"
     config = fpga_config(preset(name), brd.device.family)
-    result = place_and_route(design(args.design, config), brd.device, freq_mhz=freq,
-                             seed=_seed(args, brd), workdir=work, wrap=True, router=args.router,
-                             placer=args.placer)
+    try:
+        result = place_and_route(design(args.design, config), brd.device, freq_mhz=freq,
+                                 seed=_one_seed(args), workdir=work, wrap=True,
+                                 router=args.router, placer=args.placer,
+                                 stall=args.stall or None)
+    except ToolError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     report = {"board": brd.name, "preset": name, "design": args.design, "placer": args.placer,
               "dsp_primitives": config.dsp_primitives, **result.to_json()}
     json_path = out / f"synth-{name}-{args.design}.json"
@@ -230,7 +265,7 @@ def _run_by_part(args) -> int:
     try:
         if args.timing:
             result = unit_timing(name, family, out, select=select, progress=progress,
-                                 freq_mhz=args.freq or 100.0, seed=_seed(args, brd),
+                                 freq_mhz=args.freq or 100.0, seed=_one_seed(args),
                                  router=args.router or "router2")
         else:
             result = unit_breakdown(name, family, out, select=select, progress=progress)
@@ -274,7 +309,8 @@ class BenchCase(NamedTuple):
 
 #: ``make bench`` cases. The whole units use the flow that routes the 4 x 4 unit (static
 #: placer, router2; decision F26/F27); the 8 x 8 unit here (wrapped, 100 MHz constraint) has
-#: not routed before the time limit (its self-test routes with seed 3, docs/fpga.md).
+#: not routed before the time limit (its self-test routes with seed 3, docs/fpga.md); a case
+#: whose router2 stalls is stopped (F31) and reported with its error.
 BENCH_CASES = (
     BenchCase("ulx3s-85f", "ecp5-int8", "systolic", 100, "router2"),
     BenchCase("ulx3s-85f", "ecp5-int4", "unit", 100, "router2", "static"),
@@ -284,8 +320,8 @@ BENCH_CASES = (
     BenchCase("icebreaker", "ice40-tiny", "unit", 12),
 )
 
-#: Time limit of one bench case (synthesis, placement and routing): router2 does not give up
-#: by itself on a design it cannot route.
+#: Time limit of one bench case (synthesis, placement and routing), beside the stall watch
+#: (F31): router2 does not give up by itself on a design it cannot route.
 BENCH_TIMEOUT_S = 90 * 60
 
 

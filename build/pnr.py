@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,12 +32,105 @@ from amaranth.hdl import Cat, Elaboratable, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "tool",
-           "synthesize", "place_and_route", "result_from_files", "cell_counts"]
+__all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
+           "StallWatch", "STALL_ITERATIONS", "run_watched", "tool", "synthesize",
+           "place_and_route", "result_from_files", "cell_counts"]
 
 
 class ToolError(RuntimeError):
     """A toolchain program is missing or failed; the message quotes the end of its log."""
+
+
+class RouterStalled(ToolError):
+    """nextpnr's router2 went :attr:`StallWatch.iterations` iterations without routing more
+    of the design: ``best`` overused wires at iteration ``best_iteration``, none fewer up to
+    ``iteration``, when the tools were stopped."""
+
+    def __init__(self, best: int, best_iteration: int, iteration: int):
+        self.best, self.best_iteration, self.iteration = best, best_iteration, iteration
+        super().__init__(f"router2 stalled: {best} overused wires at iteration "
+                         f"{best_iteration}, none fewer up to iteration {iteration}")
+
+
+#: Iterations router2 may go without a new lowest count of overused wires before a run is
+#: taken for stalled (decision F31). Routed runs of the whole unit set a new lowest count at
+#: least every 40 iterations up to the end (0 at iteration 151 after 1 at 148, 9 at 115, 16 at
+#: 100); stalled ones hover for hundreds of iterations above their lowest.
+STALL_ITERATIONS = 80
+
+#: A router2 iteration line of nextpnr's log: ``iter=N wires=W overused=O overuse=U ...``.
+_ROUTER2_ITERATION = re.compile(r"\biter=(\d+) wires=\d+ overused=(\d+)")
+
+
+@dataclass
+class StallWatch:
+    """Follows router2's progress in a nextpnr log as the log grows.
+
+    :meth:`poll` reads the lines written since the last call and says whether the router has
+    gone ``iterations`` iterations without a new lowest count of overused wires. A log
+    without router2 lines (router1, the placer, iCE40 runs) never stalls.
+    """
+
+    path: Path
+    iterations: int = STALL_ITERATIONS
+    best: int | None = None
+    best_iteration: int = 0
+    iteration: int = 0
+    _offset: int = 0
+
+    def poll(self) -> bool:
+        """Read the new complete lines; ``True`` once the run has stalled."""
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self._offset)
+                text = log.read()
+        except FileNotFoundError:
+            return False
+        complete = text.rfind(b"\n") + 1
+        self._offset += complete
+        for match in _ROUTER2_ITERATION.finditer(text[:complete].decode(errors="replace")):
+            self.iteration, overused = int(match[1]), int(match[2])
+            if self.best is None or overused < self.best:
+                self.best, self.best_iteration = overused, self.iteration
+        return self.best is not None and self.iteration - self.best_iteration >= self.iterations
+
+    def error(self) -> RouterStalled:
+        """The error that reports this stall."""
+        return RouterStalled(self.best, self.best_iteration, self.iteration)
+
+
+def run_watched(args: list, cwd: Path, *, deadline: float | None = None,
+                late: str = "", watch: StallWatch | None = None, env: dict | None = None,
+                poll_seconds: float = 5.0) -> subprocess.CompletedProcess:
+    """Run ``args`` in ``cwd`` in its own process group and wait for it.
+
+    The whole group (a build script and the tools it started) is killed when
+    ``time.monotonic()`` passes ``deadline`` (:class:`ToolError` with the message ``late``)
+    or when ``watch`` finds router2 stalled (:class:`RouterStalled`): router2 never gives up
+    by itself on a design it cannot route. ``watch``'s log is removed first, so that a log left by an earlier run is not
+    read. Returns the finished process with its output; the caller judges the exit status.
+    """
+    if watch is not None:
+        Path(watch.path).unlink(missing_ok=True)
+    proc = subprocess.Popen(args, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    while True:
+        wait = poll_seconds
+        if deadline is not None:
+            wait = max(0.0, min(wait, deadline - time.monotonic()))
+        try:
+            # communicate() may be retried after a timeout without losing output.
+            stdout, stderr = proc.communicate(timeout=wait)
+            return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired:
+            pass
+        stalled = watch is not None and watch.poll()
+        if stalled or (deadline is not None and time.monotonic() >= deadline):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            if stalled:
+                raise watch.error()
+            raise ToolError(late)
 
 
 @dataclass(frozen=True)
@@ -189,11 +283,11 @@ def tool(name: str) -> str:
     return found
 
 
-def _run(args: list[str], cwd: Path, log: str, timeout: float | None):
-    try:
-        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise ToolError(f"{Path(args[0]).name} did not finish within {timeout} s") from None
+def _run(args: list[str], cwd: Path, log: str, timeout: float | None, stall: int | None = None):
+    watch = StallWatch(cwd / log, stall) if stall else None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    done = run_watched(args, cwd, deadline=deadline, watch=watch,
+                       late=f"{Path(args[0]).name} did not finish within {timeout} s")
     if done.returncode != 0:
         log_text = (cwd / log).read_text() if (cwd / log).exists() else ""
         tail = "\n".join((log_text or done.stderr or done.stdout).splitlines()[-15:])
@@ -333,7 +427,8 @@ def synthesize(design, device: Device, workdir, *, top_name: str = "top",
 def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
                     workdir=None, top_name: str = "top", wrap: bool = False,
                     router: str | None = None, placer: str | None = None,
-                    timeout: float | None = None) -> PnrResult:
+                    timeout: float | None = None,
+                    stall: int | None = STALL_ITERATIONS) -> PnrResult:
     """Synthesize ``design`` and place and route it on ``device``.
 
     design:   an Amaranth elaboratable, or the path of a Verilog (``.v``/``.sv``) or RTLIL
@@ -347,7 +442,11 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
     router:   ``"router1"`` or ``"router2"`` (nextpnr's default if ``None``; router2 converges
               on congested, DSP-heavy ECP5 designs where router1 stalls).
     placer:   ``"heap"``, ``"static"`` or ``"sa"`` (nextpnr's default, heap, if ``None``).
-    Raises :class:`ToolError` when a tool fails (e.g. the design does not fit).
+    timeout:  seconds each tool may take.
+    stall:    router2 iterations without progress after which the run is stopped
+              (:class:`StallWatch`; ``None``: never).
+    Raises :class:`ToolError` when a tool fails (e.g. the design does not fit), takes longer
+    than ``timeout`` or stalls in router2 (:class:`RouterStalled`).
     """
     if freq_mhz <= 0:
         raise ValueError(f"freq_mhz must be positive, not {freq_mhz}")
@@ -357,7 +456,7 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
         with tempfile.TemporaryDirectory(prefix="ptocube-pnr-") as tmp:
             return place_and_route(design, device, freq_mhz=freq_mhz, seed=seed, workdir=tmp,
                                    top_name=top_name, router=router, placer=placer,
-                                   timeout=timeout)
+                                   timeout=timeout, stall=stall)
     workdir = Path(workdir)
     start = time.monotonic()
     synthesize(design, device, workdir, top_name=top_name, timeout=timeout)
@@ -373,7 +472,7 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
         args += ["--router", router]
     if placer is not None:
         args += ["--placer", placer]
-    _run(args, workdir, f"{top_name}.pnr.log", timeout)
+    _run(args, workdir, f"{top_name}.pnr.log", timeout, stall)
     return result_from_files(device, workdir / f"{top_name}.stat.json",
                              workdir / f"{top_name}.report.json", seed=seed,
                              seconds=round(time.monotonic() - start, 2))

@@ -12,11 +12,11 @@ import subprocess
 import sys
 
 import pytest
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Elaboratable, Module, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ptocube.build import array_selftest, boards, cli, selftest
+from ptocube.build import array_selftest, boards, cli, pnr, selftest
 from ptocube.build.boards import BOARDS, BoardTop, board
 from ptocube.build.ecp5_pll import pll_dividers
 from ptocube.build.selftest import STATUS_MASK, SelfTest
@@ -200,7 +200,7 @@ def test_cli_build_unit_flow(monkeypatch):
 
     def fake_build(brd, top, out, **kwargs):
         asked.append((brd.name, kwargs["design"], top, kwargs["placer"], kwargs["router"],
-                      kwargs["seed"]))
+                      kwargs["seeds"]))
         raise ToolError("stop here")
     monkeypatch.setattr(boards, "build_bitstream", fake_build)
     monkeypatch.setattr(boards, "BoardTop", lambda brd, design, **kwargs: design)
@@ -212,16 +212,18 @@ def test_cli_build_unit_flow(monkeypatch):
                  ["--board", "icebreaker"],
                  ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap",
                   "--router", "router1", "--preset", "ecp5-int8"],
-                 ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5"]):
+                 ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5,7"]):
         assert _cli("build", *argv) == 1
-    assert board("ulx3s-85f").unit_seed == 2
     assert asked == [
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", 2),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", 1),
-        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, 1),
-        ("icebreaker", "array", preset("ice40-tiny"), None, None, 1),
-        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", 1),
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", 5)]
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 1)),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (1, 2, 3)),
+        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,)),
+        ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,)),
+        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,)),
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7))]
+    assert _cli("synth", "--board", "ulx3s-85f", "--seed", "1,2") == 2
+    with pytest.raises(SystemExit):
+        _cli("build", "--board", "ulx3s-85f", "--seed", "1,x")
 
 
 def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
@@ -230,10 +232,112 @@ def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
 
     def slow_script(cmd, **kwargs):
         return popen(["sleep", "30"], **{k: v for k, v in kwargs.items() if k != "cwd"})
-    monkeypatch.setattr(boards.subprocess, "Popen", slow_script)
+    monkeypatch.setattr(pnr.subprocess, "Popen", slow_script)
     assert _cli("build", "--board", "icebreaker", "--out", str(tmp_path),
                 "--timeout", "0.01") == 1
     assert "did not finish within 0.6 s" in capsys.readouterr().err
+
+
+def test_stall_watch_reads_a_growing_log(tmp_path):
+    log = tmp_path / "top.tim"
+    watch = pnr.StallWatch(log, iterations=3)
+    assert not watch.poll()                              # no log yet
+    lines = ["Info: iter=7 steplen=0.9 a=1.0\n"]          # the static placer's: not router2's
+    lines += [f"Info:     iter={i} wires=900 overused={n} overuse={n} archfail=NA\n"
+              for i, n in enumerate([500, 40, 9, 12, 9, 30], start=1)]
+    log.write_text("".join(lines[:4]) + lines[4][:12])  # the last line half written
+    assert not watch.poll() and (watch.best, watch.best_iteration, watch.iteration) == (9, 3, 3)
+    with open(log, "a") as f:
+        f.write(lines[4][12:] + lines[5])
+    assert not watch.poll() and watch.iteration == 5    # 9 again is no progress, 2 behind
+    with open(log, "a") as f:
+        f.write(lines[6])
+    assert watch.poll()
+    error = watch.error()
+    assert isinstance(error, ToolError) and (error.best, error.best_iteration) == (9, 3)
+    assert "9 overused wires at iteration 3" in str(error) and "iteration 6" in str(error)
+
+
+def test_cli_synth_reports_a_stall(monkeypatch, tmp_path, capsys):
+    # synth places once: a stalled router2 ends it with status 1 and the stall's figures.
+    asked = {}
+
+    def stalled(design, device, **kwargs):
+        asked.update(kwargs)
+        raise pnr.RouterStalled(12, 40, 120)
+    monkeypatch.setattr(pnr, "place_and_route", stalled)
+    assert _cli("synth", "--board", "ulx3s-85f", "--design", "decoder", "--out",
+                str(tmp_path), "--seed", "4", "--stall", "80") == 1
+    assert "12 overused wires at iteration 40" in capsys.readouterr().err
+    assert asked["seed"] == 4 and asked["stall"] == 80
+
+
+def _fake_tool(path, body):
+    path.write_text(f"#!{sys.executable}\nimport json, sys, time\n"
+                    f"args = sys.argv[1:]\nopt = lambda name: args[args.index(name) + 1]\n"
+                    + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+class _Blink(Elaboratable):
+    """A counter on an LED: a board top that costs nothing to elaborate."""
+    def elaborate(self, platform):
+        m = Module()
+        count = Signal(24)
+        m.d.sync += count.eq(count + 1)
+        m.d.comb += platform.request("led", 0).o.eq(count[-1])
+        return m
+
+
+def test_build_tries_the_next_seed_when_router2_stalls(tmp_path, monkeypatch):
+    # Stand-ins for yosys, nextpnr and ecppack behind the real amaranth build script: seed 1
+    # hovers at 5 overused wires, seed 3 routes. The sweep stops seed 1, keeps the netlist
+    # (one synthesis) and places again with seed 3; with seed 1 alone the build fails.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("YOSYS", _fake_tool(tools / "yosys", f"""
+open({str(calls)!r}, "a").write("yosys\\n")
+json.dump({{"design": {{"num_cells_by_type": {{"LUT4": 30, "TRELLIS_FF": 24}}}}}},
+          open("top.stat.json", "w"))
+"""))
+    monkeypatch.setenv("NEXTPNR_ECP5", _fake_tool(tools / "nextpnr", f"""
+seed = int(opt("--seed"))
+open({str(calls)!r}, "a").write(f"nextpnr {{seed}}\\n")
+log = open(opt("--log"), "w")
+counts = [900, 5] + [5, 7, 6] * 40 if seed == 1 else [900, 40, 0]
+for i, n in enumerate(counts, start=1):
+    log.write(f"Info:     iter={{i}} wires=1000 overused={{n}} overuse={{n}} archfail=NA\\n")
+    log.flush()
+    time.sleep(0.01)
+if counts[-1]:
+    sys.exit(1)
+json.dump({{"utilization": {{"TRELLIS_COMB": {{"used": 40, "available": 83640}}}},
+           "fmax": {{"clk": {{"achieved": 90.0, "constraint": 25.0}}}}}}, open(opt("--report"), "w"))
+open(opt("--textcfg"), "w").write("config")
+"""))
+    monkeypatch.setenv("ECPPACK", _fake_tool(tools / "ecppack", """
+open(opt("--bit"), "wb").write(b"bits" * 10)
+"""))
+    stalls = []
+    result = boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out",
+                                    seeds=(1, 3), stall=4, poll_seconds=0.05,
+                                    progress=lambda seed, error: stalls.append((seed, error)))
+    assert calls.read_text().split("\n")[:-1] == ["yosys", "nextpnr 1", "nextpnr 3"]
+    assert result.figures.seed == 3 and result.figures.timing_met
+    assert [(seed, e.best, e.best_iteration) for seed, e in stalls] == [(1, 5, 2)]
+    assert stalls[0][1].iteration >= 6 and result.stalled == stalls
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["seed"] == 3 and summary["stalled"][0]["seed"] == 1
+    assert (tmp_path / "out" / "top.bit").read_bytes() == b"bits" * 10
+    with pytest.raises(pnr.RouterStalled, match="5 overused wires at iteration 2"):
+        boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out1", seeds=(1,),
+                               stall=4, poll_seconds=0.05)
+    # Without the watch, the stalling seed runs to the end and the build fails.
+    with pytest.raises(ToolError, match="build failed"):
+        boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out2", seeds=(1,),
+                               stall=None, poll_seconds=0.05)
 
 
 @pytest.mark.parametrize("in_mhz", [12, 25, 48, 100])
