@@ -235,7 +235,8 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     iterations without progress (:class:`~ptocube.build.pnr.StallWatch`), the tools are
     stopped, ``progress`` (if given) is called with the seed and its
     :class:`~ptocube.build.pnr.RouterStalled`, and the next seed is placed and routed from
-    the same netlist (synthesis runs once). Timing is not enforced by nextpnr
+    the same netlist (synthesis runs once); the stalled run's log is kept as
+    ``top.seedN.tim``. Timing is not enforced by nextpnr
     (``--timing-allow-fail``) so that a miss still gives a report;
     :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
     Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails, the tools together take
@@ -280,6 +281,8 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                                     f"(logs in {out})",
                                watch=watch, env=env, poll_seconds=poll_seconds)
         except RouterStalled as error:
+            # Kept for a look at where it stalled; the next attempt writes a new top.tim.
+            (out / "top.tim").replace(out / f"top.seed{seed}.tim")
             stalled.append((seed, error))
             if progress is not None:
                 progress(seed, error)

@@ -331,6 +331,8 @@ open(opt("--bit"), "wb").write(b"bits" * 10)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["seed"] == 3 and summary["stalled"][0]["seed"] == 1
     assert (tmp_path / "out" / "top.bit").read_bytes() == b"bits" * 10
+    assert "overused=7" in (tmp_path / "out" / "top.seed1.tim").read_text()
+    assert "overused=7" not in (tmp_path / "out" / "top.tim").read_text()
     with pytest.raises(pnr.RouterStalled, match="5 overused wires at iteration 2"):
         boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out1", seeds=(1,),
                                stall=4, poll_seconds=0.05)
