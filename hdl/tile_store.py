@@ -1125,29 +1125,18 @@ class TileStore(wiring.Component):
             port.src_rsp.payload.defined.eq(
                 Mux(synth, implicit, flg_data.bit_select(index[:6], 1))),
         ]
-        # Destination writes into the placed output (entry 0), always accepted. A write
-        # reaches the memories a cycle later, from registers: its data and enable come from
-        # the source's read data through the engine, and the register keeps the block RAMs'
-        # write inputs off that path (decision T22). The source and destination are
-        # different tiles, and PUBLISH or ABORT comes cycles after the last write.
+        # Destination writes into the placed output (entry 0), always accepted.
         m.d.comb += port.dst.ready.eq(1)
         w = port.dst.payload
         daddr = (src.dst_base << 7) + (w.addr << shift)
         lane = daddr[:3]
         width_mask = Mux(shift == 2, 0xF, Mux(shift == 1, 0x3, 0x1))
-        wr_valid = Signal(name="i2c_wr_valid")
-        wr_lanes = Signal(8, name="i2c_wr_lanes")
-        wr_pe = Signal(PE_COUNT, name="i2c_wr_pe")
-        wr_addr = Signal(ww, name="i2c_wr_addr")
-        wr_data = Signal(64, name="i2c_wr_data")
-        m.d.sync += [wr_valid.eq(port.dst.valid), wr_lanes.eq((width_mask << lane)[:8]),
-                     wr_pe.eq(src.pe), wr_addr.eq(daddr[3:3 + ww]),
-                     wr_data.eq((w.data << (lane << 3))[:64])]
         for p in range(PE_COUNT):
             with m.If(take):
                 m.d.comb += [pay_rd[p].en.eq(src.pe[p]), pay_rd[p].addr.eq(addr[3:3 + ww]),
                              flg_rd[p].en.eq(src.pe[p]),
                              flg_rd[p].addr.eq((src_base << 2) + (q >> 6))]
-            with m.If(wr_valid):
-                m.d.comb += [pay_wr[p].en.eq(Mux(wr_pe[p], wr_lanes, 0)),
-                             pay_wr[p].addr.eq(wr_addr), pay_wr[p].data.eq(wr_data)]
+            with m.If(port.dst.valid):
+                m.d.comb += [pay_wr[p].en.eq(Mux(src.pe[p], (width_mask << lane)[:8], 0)),
+                             pay_wr[p].addr.eq(daddr[3:3 + ww]),
+                             pay_wr[p].data.eq((w.data << (lane << 3))[:64])]
