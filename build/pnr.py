@@ -33,7 +33,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
-           "StallWatch", "STALL_ITERATIONS", "run_watched", "tool", "synthesize",
+           "StallWatch", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS", "run_watched",
+           "tool", "synthesize",
            "place_and_route", "result_from_files", "cell_counts"]
 
 
@@ -42,21 +43,30 @@ class ToolError(RuntimeError):
 
 
 class RouterStalled(ToolError):
-    """nextpnr's router2 went :attr:`StallWatch.iterations` iterations without routing more
-    of the design: ``best`` overused wires at iteration ``best_iteration``, none fewer up to
-    ``iteration``, when the tools were stopped."""
+    """nextpnr's router2 stopped making progress (:class:`StallWatch`): its lowest count,
+    ``best`` overused wires, came at iteration ``best_iteration``; the tools were stopped at
+    ``iteration``."""
 
     def __init__(self, best: int, best_iteration: int, iteration: int):
         self.best, self.best_iteration, self.iteration = best, best_iteration, iteration
         super().__init__(f"router2 stalled: {best} overused wires at iteration "
-                         f"{best_iteration}, none fewer up to iteration {iteration}")
+                         f"{best_iteration}, no progress up to iteration {iteration}")
 
 
-#: Iterations router2 may go without a new lowest count of overused wires before a run is
-#: taken for stalled (decision F31). Routed runs of the whole unit set a new lowest count at
-#: least every 40 iterations up to the end (0 at iteration 151 after 1 at 148, 9 at 115, 16 at
-#: 100); stalled ones hover for hundreds of iterations above their lowest.
+#: Iterations router2 may go without progress before a run is taken for stalled (decision
+#: F31). Routed runs of the whole unit made progress at least every 40 iterations up to the
+#: end (0 at iteration 151 after 1 at 148, 9 at 115, 16 at 100); stalled ones hover for
+#: hundreds of iterations above their lowest count.
 STALL_ITERATIONS = 80
+
+#: Progress is a lowest count of overused wires this share below the one that last counted
+#: as progress: a run that hovers at thousands of wires also sets new lowest counts now and
+#: then, a few wires lower each.
+STALL_PROGRESS = 0.05
+
+#: Seconds router2 may go without progress: on a run that hovers at thousands of overused
+#: wires one iteration takes minutes, so 80 of them would take hours.
+STALL_SECONDS = 30 * 60
 
 #: A router2 iteration line of nextpnr's log: ``iter=N wires=W overused=O overuse=U ...``.
 _ROUTER2_ITERATION = re.compile(r"\biter=(\d+) wires=\d+ overused=(\d+)")
@@ -66,16 +76,21 @@ _ROUTER2_ITERATION = re.compile(r"\biter=(\d+) wires=\d+ overused=(\d+)")
 class StallWatch:
     """Follows router2's progress in a nextpnr log as the log grows.
 
-    :meth:`poll` reads the lines written since the last call and says whether the router has
-    gone ``iterations`` iterations without a new lowest count of overused wires. A log
-    without router2 lines (router1, the placer, iCE40 runs) never stalls.
+    Progress is a count of overused wires :data:`STALL_PROGRESS` below the count of the last
+    progress (the first count is the first progress). :meth:`poll` reads the lines written
+    since the last call and says whether the router has gone ``iterations`` iterations, or
+    ``seconds`` seconds (by ``clock``), without progress. A log without router2 lines
+    (router1, the placer, iCE40 runs) never stalls.
     """
 
     path: Path
     iterations: int = STALL_ITERATIONS
+    seconds: float = STALL_SECONDS
+    clock: object = time.monotonic
     best: int | None = None
     best_iteration: int = 0
     iteration: int = 0
+    _progress: tuple = (None, 0, 0.0)      # (count, iteration, clock) of the last progress
     _offset: int = 0
 
     def poll(self) -> bool:
@@ -88,11 +103,17 @@ class StallWatch:
             return False
         complete = text.rfind(b"\n") + 1
         self._offset += complete
+        now = self.clock()
         for match in _ROUTER2_ITERATION.finditer(text[:complete].decode(errors="replace")):
             self.iteration, overused = int(match[1]), int(match[2])
             if self.best is None or overused < self.best:
                 self.best, self.best_iteration = overused, self.iteration
-        return self.best is not None and self.iteration - self.best_iteration >= self.iterations
+            count = self._progress[0]
+            if count is None or overused < count * (1 - STALL_PROGRESS):
+                self._progress = (overused, self.iteration, now)
+        count, iteration, since = self._progress
+        return count is not None and (self.iteration - iteration >= self.iterations
+                                      or now - since >= self.seconds)
 
     def error(self) -> RouterStalled:
         """The error that reports this stall."""
@@ -107,8 +128,8 @@ def run_watched(args: list, cwd: Path, *, deadline: float | None = None,
     The whole group (a build script and the tools it started) is killed when
     ``time.monotonic()`` passes ``deadline`` (:class:`ToolError` with the message ``late``)
     or when ``watch`` finds router2 stalled (:class:`RouterStalled`): router2 never gives up
-    by itself on a design it cannot route. ``watch``'s log is removed first, so that a log left by an earlier run is not
-    read. Returns the finished process with its output; the caller judges the exit status.
+    by itself on a design it cannot route. ``watch``'s log is removed first, so that a log
+    left by an earlier run is not read. Returns the finished process with its output; the caller judges the exit status.
     """
     if watch is not None:
         Path(watch.path).unlink(missing_ok=True)

@@ -238,13 +238,17 @@ def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
     assert "did not finish within 0.6 s" in capsys.readouterr().err
 
 
+def _router2_lines(counts, start=1):
+    return [f"Info:     iter={i} wires=900 overused={n} overuse={n} archfail=NA\n"
+            for i, n in enumerate(counts, start=start)]
+
+
 def test_stall_watch_reads_a_growing_log(tmp_path):
     log = tmp_path / "top.tim"
     watch = pnr.StallWatch(log, iterations=3)
     assert not watch.poll()                              # no log yet
     lines = ["Info: iter=7 steplen=0.9 a=1.0\n"]          # the static placer's: not router2's
-    lines += [f"Info:     iter={i} wires=900 overused={n} overuse={n} archfail=NA\n"
-              for i, n in enumerate([500, 40, 9, 12, 9, 30], start=1)]
+    lines += _router2_lines([500, 40, 9, 12, 9, 30])
     log.write_text("".join(lines[:4]) + lines[4][:12])  # the last line half written
     assert not watch.poll() and (watch.best, watch.best_iteration, watch.iteration) == (9, 3, 3)
     with open(log, "a") as f:
@@ -256,6 +260,31 @@ def test_stall_watch_reads_a_growing_log(tmp_path):
     error = watch.error()
     assert isinstance(error, ToolError) and (error.best, error.best_iteration) == (9, 3)
     assert "9 overused wires at iteration 3" in str(error) and "iteration 6" in str(error)
+
+
+def test_stall_watch_progress_is_a_share_and_has_a_time_limit(tmp_path):
+    # A run hovering at thousands of wires sets new lowest counts a few wires apart: not
+    # progress (STALL_PROGRESS); a fall of 5 % or more is. Without progress for `seconds`
+    # the run has stalled, however few iterations that took.
+    log = tmp_path / "top.tim"
+    now = [0.0]
+    watch = pnr.StallWatch(log, iterations=4, seconds=600, clock=lambda: now[0])
+    log.write_text("".join(_router2_lines([10_000, 9_990, 9_980, 9_970])))
+    assert not watch.poll() and watch.best == 9_970
+    with open(log, "a") as f:
+        f.write(_router2_lines([9_960], start=5)[0])
+    assert watch.poll() and watch.best_iteration == 5   # 4 iterations without 5 % fewer
+    log.write_text("".join(_router2_lines([10_000, 9_400, 9_300])))
+    watch = pnr.StallWatch(log, iterations=4, seconds=600, clock=lambda: now[0])
+    assert not watch.poll()
+    with open(log, "a") as f:
+        f.write("".join(_router2_lines([8_900, 8_800], start=4)))
+    now[0] = 500.0
+    assert not watch.poll()                              # 8,900 < 0.95 x 9,400 at t = 500
+    now[0] = 1099.0
+    assert not watch.poll()
+    now[0] = 1100.0
+    assert watch.poll() and watch.iteration == 5 and watch.best == 8_800
 
 
 def test_cli_synth_reports_a_stall(monkeypatch, tmp_path, capsys):
