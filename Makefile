@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Test processes: the suite is single-threaded Python, CI has 2 cores. Each test file runs
+# in one process (--dist loadfile), so a module's fixtures are built once.
+JOBS   ?= 2
 
 export AMARANTH_USE_YOSYS := builtin
 
@@ -17,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(JOBS) --dist loadfile tests
 
 demo: $(STAMP)
 	$(VENV)/bin/ptocube demo
