@@ -232,7 +232,8 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     and seed used).
 
     ``seeds`` are nextpnr placer seeds, tried in order: when router2 goes ``stall``
-    iterations without progress (:class:`~ptocube.build.pnr.StallWatch`), the tools are
+    iterations or :data:`~ptocube.build.pnr.STALL_SECONDS` without progress
+    (:class:`~ptocube.build.pnr.StallWatch`; ``stall=None``: never stopped), the tools are
     stopped, ``progress`` (if given) is called with the seed and its
     :class:`~ptocube.build.pnr.RouterStalled`, and the next seed is placed and routed from
     the same netlist (synthesis runs once); the stalled run's log is kept as

@@ -68,8 +68,9 @@ def _board_arguments(parser, board_required=True):
                              "while router2 stalls (default for the board's unit: the "
                              "board's, 2,3,1 on the ULX3S-85F and 1,2,3 on the ECPIX-5)")
     parser.add_argument("--stall", type=int, default=STALL_ITERATIONS, metavar="ITERATIONS",
-                        help="stop router2 after this many iterations without fewer "
-                             f"overused wires (default {STALL_ITERATIONS}; 0: never)")
+                        help="stop router2 after this many iterations (or 30 minutes) "
+                             "without progress, 5 %% fewer overused wires (default "
+                             f"{STALL_ITERATIONS}; 0: never)")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr router (default: nextpnr's, router1; build --design "
                              "unit: the board's, router2 on the ECP5 boards)")
