@@ -34,8 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
            "StallWatch", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS", "run_watched",
-           "tool", "synthesize",
-           "place_and_route", "result_from_files", "cell_counts"]
+           "tool", "synthesize", "place_and_route", "result_from_files", "cell_counts"]
 
 
 class ToolError(RuntimeError):
@@ -87,11 +86,12 @@ class StallWatch:
     iterations: int = STALL_ITERATIONS
     seconds: float = STALL_SECONDS
     clock: object = time.monotonic
-    best: int | None = None
-    best_iteration: int = 0
-    iteration: int = 0
-    _progress: tuple = (None, 0, 0.0)      # (count, iteration, clock) of the last progress
-    _offset: int = 0
+    best: int | None = field(default=None, init=False)
+    best_iteration: int = field(default=0, init=False)
+    iteration: int = field(default=0, init=False)
+    # (count, iteration, clock) of the last progress; how far the log has been read.
+    _progress: tuple = field(default=(None, 0, 0.0), init=False)
+    _offset: int = field(default=0, init=False)
 
     def poll(self) -> bool:
         """Read the new complete lines; ``True`` once the run has stalled."""
@@ -129,7 +129,8 @@ def run_watched(args: list, cwd: Path, *, deadline: float | None = None,
     ``time.monotonic()`` passes ``deadline`` (:class:`ToolError` with the message ``late``)
     or when ``watch`` finds router2 stalled (:class:`RouterStalled`): router2 never gives up
     by itself on a design it cannot route. ``watch``'s log is removed first, so that a log
-    left by an earlier run is not read. Returns the finished process with its output; the caller judges the exit status.
+    left by an earlier run is not read. Returns the finished process with its output; the
+    caller judges the exit status.
     """
     if watch is not None:
         Path(watch.path).unlink(missing_ok=True)
