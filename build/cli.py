@@ -11,6 +11,9 @@
   the unit synthesized and packed on its own (:mod:`~ptocube.build.breakdown`), as a table.
 * ``synth --timing --preset NAME --family ecp5|ice40 [--parts P,...] [--freq MHZ]``: every
   component placed and routed on its own: Fmax and critical path (:mod:`~ptocube.build.timing`).
+* ``synth --paths [--preset NAME] [--freq MHZ] [--netlist JSON]``: the design synthesized for
+  the ECP5-85F, or a given netlist, and its estimated paths longer than the clock period, by
+  component (:mod:`~ptocube.build.paths`); no place and route.
 * ``verilog --preset NAME -o FILE.v``: the unit's Verilog.
 """
 
@@ -196,6 +199,20 @@ def add_synth_arguments(parser):
     parser.add_argument("--timing", action="store_true",
                         help="place and route each component of the unit on its own and "
                              "print its Fmax and critical path")
+    parser.add_argument("--paths", action="store_true",
+                        help="synthesize for the ECP5-85F (no place and route) and list, by "
+                             "component, the estimated paths longer than the --freq period "
+                             "(default 100 MHz)")
+    parser.add_argument("--netlist", metavar="JSON",
+                        help="--paths: read this yosys JSON netlist (e.g. a build's top.json) "
+                             "instead of synthesizing")
+    parser.add_argument("--depth", type=int, metavar="N",
+                        help="--paths: group by the first N parts of the component names")
+    parser.add_argument("--rows", type=int, default=25, metavar="N",
+                        help="--paths: components shown in the table (default 25)")
+    parser.add_argument("--trace", metavar="TEXT",
+                        help="--paths: print net by net the worst path into a signal whose "
+                             "name contains TEXT")
     parser.add_argument("--family", choices=("ecp5", "ice40"),
                         help="FPGA family of --breakdown / --timing (default: the board's)")
     parser.add_argument("--parts", help="--breakdown / --timing: comma-separated part paths "
@@ -210,6 +227,8 @@ def run_synth(args) -> int:
     if args.seed is not None and len(args.seed) > 1:
         print("error: synth places and routes once: give one --seed", file=sys.stderr)
         return 2
+    if args.paths:
+        return _run_paths(args)
     if args.breakdown or args.timing:
         return _run_by_part(args)
     if args.board is None:
@@ -241,6 +260,42 @@ def run_synth(args) -> int:
         print(f"{brd.description}, preset {name}, design {args.design} "
               f"({result.seconds:.1f} s; JSON: {json_path})")
         print(result.table())
+    return 0
+
+
+def _run_paths(args) -> int:
+    """``synth --paths``: the estimated long paths of a design, or of a given netlist."""
+    from .paths import analyse, preset_paths
+    from .pnr import ToolError
+    brd = board(args.board) if args.board else None
+    if (args.family or (brd.device.family if brd else "ecp5")) != "ecp5":
+        print("error: synth --paths estimates ECP5 netlists only", file=sys.stderr)
+        return 2
+    budget = 1000.0 / (args.freq or 100.0)
+    name = args.preset or (brd.preset if brd else "ecp5-int8")
+    if args.netlist:
+        path = Path(args.netlist)
+        if not path.is_file():
+            print(f"error: no netlist at {path}", file=sys.stderr)
+            return 2
+        report = analyse(json.loads(path.read_text()), budget_ns=budget, depth=args.depth,
+                         trace=args.trace)
+        title = str(path)
+    else:
+        out = Path(args.out) if args.out else Path("build") / "out" / "paths" / \
+            f"{name}-{args.design}"
+        try:
+            report = preset_paths(name, out, design_name=args.design, budget_ns=budget,
+                                  depth=args.depth, trace=args.trace)
+        except ToolError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        title = f"preset {name}, design {args.design} (JSON: {out / 'paths.json'})"
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(title)
+        print(report.table(args.rows))
     return 0
 
 

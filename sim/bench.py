@@ -35,6 +35,8 @@ BENCHMARKS = {
         ("ptocube.build.breakdown", "bench_breakdown"),
     "FPGA: post-route Fmax by component (ecp5-int8 on the LFE5U-85F-6, 100 MHz)":
         ("ptocube.build.timing", "bench_timing"),
+    "FPGA: estimated paths over 10 ns, whole unit before place and route (synth --paths)":
+        ("ptocube.build.paths", "bench_paths"),
 }
 
 
