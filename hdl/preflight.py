@@ -264,13 +264,21 @@ def _num_class(code):
 
 
 def _lowest(m, vector, width, name, above=None):
-    """``(found, index)`` of the lowest set bit of ``vector`` (above position ``above``)."""
+    """``(found, index)`` of the lowest set bit of ``vector`` (above position ``above``).
+
+    The lowest candidate is isolated on the carry chain (``v & -v``) and its index is an OR
+    tree per bit: a priority chain of ``width`` muxes was the preflight's longest path
+    (14 LUT levels from ``slot`` back to ``slot``, ``synth --paths``).
+    """
     found = Signal(name=f"{name}_found")
     index = Signal(range(width), name=f"{name}_index")
-    for i in reversed(range(width)):
-        cond = vector[i] if above is None else vector[i] & (above < i)
-        with m.If(cond):
-            m.d.comb += [found.eq(1), index.eq(i)]
+    candidates = Signal(width, name=f"{name}_candidates")
+    lowest = Signal(width, name=f"{name}_lowest")
+    above_mask = Const(-1, width) if above is None else Cat(*(above < i for i in range(width)))
+    m.d.comb += [candidates.eq(vector & above_mask), lowest.eq(candidates & (~candidates + 1)),
+                 found.eq(candidates.any())]
+    m.d.comb += index.eq(Cat(*(Cat(*(lowest[i] for i in range(width) if i >> b & 1)).any()
+                               for b in range(len(index)))))
     return found, index
 
 
