@@ -70,7 +70,8 @@ from .tile_desc import (OperandRole, OutputRole, ParamSource, PlanLayout, Shared
 
 __all__ = ["Outcome", "Check", "Phase", "VerdictLayout", "TileReadSignature",
            "SharedReadSignature", "WordReadSignature", "GprReadSignature",
-           "AllocQuerySignature", "Preflight", "ordinary_shape", "cube_shape", "img2col_job"]
+           "AllocQuerySignature", "Preflight", "ordinary_shape", "cube_shape", "img2col_job",
+           "IMG2COL_JOB_CYCLES"]
 
 
 class Outcome(enum.Enum, shape=2):
@@ -288,7 +289,7 @@ def _no_cut(value, name):
 
 
 def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared, name,
-                   cut=_no_cut):
+                   cut=_no_cut, cut_rows=_no_cut):
     """The row-major descriptor rule of :func:`ptocube.model.layout.ordinary_shape_legal`.
 
     ``cells`` is the capacity in CELLs, legal from 1 to 512 (64 KiB; ``shared``: 2048, 256
@@ -297,6 +298,8 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     ``phys_cols``.  Returns ``(legal, elements)``: elements = capacity bits / element bits.
     ``cut(value, name)`` is applied to every value that crosses the middle of the rule: the
     identity (combinational), or a register (:class:`Preflight` splits it over two cycles).
+    ``cut_rows`` likewise, after the shifts that form the row and element counts and before
+    the compares (:func:`img2col_job` splits the rule over three cycles).
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     pow2 = (phys_cols != 0) & ((phys_cols & (phys_cols - 1)) == 0)
@@ -315,10 +318,14 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     rows = Signal(22, name=f"{name}_rows")
     m.d.comb += rows.eq(cap_bits >> e)
     divisible = (cap_bits & ((Const(1, 23) << e) - 1)) == 0
-    legal = Signal(name=f"{name}_legal")
-    m.d.comb += legal.eq(early & divisible & (rows <= 65535) & (valid_rows <= rows))
     elements = Signal(22, name=f"{name}_elements")
     m.d.comb += elements.eq(cap_bits >> lb)
+    early, divisible, rows, valid_rows, elements = (
+        cut_rows(v, f"{name}_{k}_cut_rows") for k, v in (
+            ("early", early), ("divisible", divisible), ("rows", rows),
+            ("valid_rows", valid_rows), ("elements", elements)))
+    legal = Signal(name=f"{name}_legal")
+    m.d.comb += legal.eq(early & divisible & (rows <= 65535) & (valid_rows <= rows))
     return legal, elements
 
 
@@ -1306,31 +1313,43 @@ class Preflight(wiring.Component):
             ]
 
 
+#: Cycles :func:`img2col_job`'s source facts follow its ``desc`` input late.
+IMG2COL_JOB_CYCLES = 3
+
+
 def img2col_job(m, *, plan, desc, tile_capacity, config: CubeConfig = CubeConfig()):
     """The :class:`~ptocube.hdl.img2col_engine.Img2ColJobLayout` of one PE of an approved
-    TIMG2COL plan, from that PE's source register ``desc`` (:data:`TileDescLayout`);
-    combinational, for the top level.
+    TIMG2COL plan, from that PE's source register ``desc`` (:data:`TileDescLayout`), for the
+    top level.
 
     ``src_legal`` is the model's ``_ordinary_descriptor_legal`` (allocated, row-major,
     capacity legal and within ``tile_capacity``, ordinary geometry holding the valid shape).
+    The plan's fields pass through; the facts of ``desc`` are pipelined, the shape rule split
+    over three registers (issue #9, decision T23): the job holds the verdict on a ``desc``
+    held for :data:`IMG2COL_JOB_CYCLES` cycles.
     """
     layout = Img2ColJobLayout(config)
     job = Signal(layout, name="img2col_job")
+    def cut(value, name):
+        return _reg(m, value, name)
+
     legal, elements = ordinary_shape(m, dtype=desc.dtype, cells=desc.cells,
                                      phys_cols=desc.phys_cols, valid_rows=desc.valid_rows,
-                                     valid_cols=desc.valid_cols, shared=0, name="i2c_src")
+                                     valid_cols=desc.valid_cols, shared=0, name="i2c_src",
+                                     cut=cut, cut_rows=cut)
+    base_ok = _reg(m, desc.allocated & (desc.layout == Layout.ROW_MAJOR)
+                   & ((desc.cells << 7) <= tile_capacity), "i2c_src_base_ok")
     width = layout.members["src_elements"]
     top = (1 << width) - 1
     out = plan.outputs[0]
     m.d.comb += [
         job.dtype.eq(plan.a_type),
         job.src_dtype.eq(desc.dtype), job.src_layout.eq(desc.layout),
-        job.src_legal.eq(desc.allocated & (desc.layout == Layout.ROW_MAJOR) & legal
-                         & ((desc.cells << 7) <= tile_capacity)),
         job.src_matrix.eq(desc.location == TileLocation.MATRIX),
-        job.src_elements.eq(Mux(elements > top, top, elements)),
         job.dst_size_code.eq(out.size_code), job.dst_cols.eq(out.phys_cols),
         job.valid_row.eq(out.rows), job.valid_col.eq(out.cols),
         job.pos_m.eq(plan.pos_m), job.pos_k.eq(plan.pos_k),
+        job.src_legal.eq(_reg(m, base_ok & legal, "i2c_src_legal")),
+        job.src_elements.eq(_reg(m, Mux(elements > top, top, elements), "i2c_src_elements")),
     ]
     return job

@@ -233,8 +233,8 @@ class TileStore(wiring.Component):
         ``src_fm_part`` of its feature map, and serves that PE on ``i2c``.
     src_desc : Out(TileDescLayout)
         That source's descriptor (for :func:`~ptocube.hdl.preflight.img2col_job`), from the
-        cycle after ``src_load`` until the store's next read of that memory (a host command,
-        a request, ``src_load``).
+        second cycle after ``src_load`` until the cycle after the next ``src_load`` (a copy
+        of the read register, decision T23).
     src_fm_read : In(1), src_fm_part : In(range(FM_PARTS)), src_fm : Out(64)
         The feature map goes out one 64-bit part at a time (decisions T18, T20): while the
         store is idle, ``src_fm_read`` reads part ``src_fm_part`` of the loaded source's
@@ -411,28 +411,31 @@ class TileStore(wiring.Component):
             for j in range(3):
                 m.d.comb += self.out_base[p][j].eq(bases[p][j])
         # The running TIMG2COL job's source (T15): the block RAMs' read registers hold the
-        # entry that ``src_load`` read and the feature-map part read last, for the job's
-        # formation and the engine's feature-map load (T20); the element
-        # port works from a copy of the entry made a cycle later, with the PE, its placed
-        # output's base and the valid region's bounds in storage order (implicit flags, T5).
-        m.d.comb += [self.src_desc.eq(l_rd.data.desc), self.src_fm.eq(fm_part)]
+        # entry that ``src_load`` read and the feature-map part read last, for the engine's
+        # feature-map load (T20); a copy of the entry made a cycle later feeds the job's
+        # formation (T23) and the element port, with the PE, its placed output's base and,
+        # from the copy a cycle later again, the valid region's bounds in storage order
+        # (implicit flags, T5).  The block RAMs' outputs reach only registers here.
+        m.d.comb += self.src_fm.eq(fm_part)
         src_latch = Signal()                    # the read registers hold PE src_pe's source
         index_w = len(self.i2c.src_req.payload)
         src = _ElementSource(
             pe=Signal(PE_COUNT, name="src_pe"), entry=Signal(self.local_entry, name="src_entry"),
             rows_end=Signal(index_w + 1, name="src_rows_end"),
             col_mask=Signal(16, name="src_col_mask"), dst_base=Signal(cw, name="src_dst_base"))
+        m.d.comb += self.src_desc.eq(src.entry.desc)
+        # Row r of a row-major tile with Col (a power of two) physical columns starts at
+        # storage index r * Col: "row < ValidRow" is "index < ValidRow * Col", a product
+        # the DSP block forms once per job instead of a shifter per request (T19).
+        ld = src.entry.desc
+        rows_end = Signal(32, name="src_rows_end_full")
+        m.d.comb += rows_end.eq(ld.valid_rows * ld.phys_cols)
+        m.d.sync += [src.col_mask.eq(ld.phys_cols - 1),
+                     src.rows_end.eq(Mux(rows_end[index_w:] != 0, 1 << index_w,
+                                         rows_end[:index_w]))]
         m.d.sync += src_latch.eq(0)
         with m.If(src_latch):
-            # Row r of a row-major tile with Col (a power of two) physical columns starts at
-            # storage index r * Col: "row < ValidRow" is "index < ValidRow * Col", a product
-            # the DSP block forms once per job instead of a shifter per request (T19).
-            ld = l_rd.data.desc
-            rows_end = Signal(32, name="src_rows_end_full")
-            m.d.comb += rows_end.eq(ld.valid_rows * ld.phys_cols)
-            m.d.sync += [src.entry.eq(l_rd.data), src.col_mask.eq(ld.phys_cols - 1),
-                         src.rows_end.eq(Mux(rows_end[index_w:] != 0, 1 << index_w,
-                                             rows_end[:index_w])),
+            m.d.sync += [src.entry.eq(l_rd.data),
                          src.dst_base.eq(_one_hot_select(src.pe, [b[0] for b in bases]))]
 
         plan = self.plan
@@ -1103,28 +1106,43 @@ class TileStore(wiring.Component):
         m.d.sync += shift.eq(_log2_bytes(self.plan.a_type))
         ww, port = self.ww, self.i2c
         desc, src_base, synth = src.entry.desc, src.entry.base, src.entry.synth
+        # Three stages: the memory read (``read_valid``: the read registers hold the element's
+        # words), a copy of the words read (``word_valid``), then the response register: the
+        # block RAMs' outputs reach only the read-data buses' selects, the element and flag
+        # selects start from flip-flops, and so do the engine's decisions (decision T23).  All
+        # stages move together: a stalled response holds the read registers too (nothing else
+        # reads the memories during a job), and a request is taken whenever the stages move.
+        read_valid = Signal(name="i2c_read_valid")
+        word_valid = Signal(name="i2c_word_valid")
         rsp_valid = Signal(name="i2c_rsp_valid")
-        byte = Signal(8, name="i2c_byte")
-        index = Signal(port.src_req.payload.shape(), name="i2c_index")
-        m.d.comb += port.src_req.ready.eq(~rsp_valid | port.src_rsp.ready)
-        with m.If(port.src_rsp.ready):
-            m.d.sync += rsp_valid.eq(0)
+        word = Signal(64, name="i2c_word")
+        flag_word = Signal(64, name="i2c_flag_word")
+        rsp = Signal(SourceResponseLayout, name="i2c_rsp")
+        byte = Signal(3, name="i2c_byte")
+        index = Signal(6, name="i2c_index")
+        implicit = Signal(name="i2c_implicit")
+        word_byte = Signal(3, name="i2c_word_byte")
+        word_index = Signal(6, name="i2c_word_index")
+        word_implicit = Signal(name="i2c_word_implicit")
+        advance = ~rsp_valid | port.src_rsp.ready
+        m.d.comb += port.src_req.ready.eq(advance)
         addr = (src_base << 7) + (port.src_req.payload << shift)
         # A published source's flag (its valid region) is computed with the request and
         # registered, beside the memory reads (decision T13).
         q = port.src_req.payload
-        implicit = Signal(name="i2c_implicit")
         take = port.src_req.valid & port.src_req.ready
+        with m.If(advance):
+            m.d.sync += [read_valid.eq(take), word_valid.eq(read_valid), rsp_valid.eq(word_valid),
+                         word.eq(pay_data), flag_word.eq(flg_data), word_byte.eq(byte),
+                         word_index.eq(index), word_implicit.eq(implicit),
+                         rsp.data.eq(word >> (word_byte << 3)),
+                         rsp.defined.eq(Mux(synth, word_implicit,
+                                            flag_word.bit_select(word_index, 1)))]
         with m.If(take):
-            m.d.sync += [rsp_valid.eq(1), byte.eq(addr[:3]), index.eq(q),
+            m.d.sync += [byte.eq(addr[:3]), index.eq(q[:6]),
                          implicit.eq((q < src.rows_end)
                                      & ((q & src.col_mask) < desc.valid_cols))]
-        m.d.comb += [
-            port.src_rsp.valid.eq(rsp_valid),
-            port.src_rsp.payload.data.eq(pay_data >> (byte << 3)),
-            port.src_rsp.payload.defined.eq(
-                Mux(synth, implicit, flg_data.bit_select(index[:6], 1))),
-        ]
+        m.d.comb += [port.src_rsp.valid.eq(rsp_valid), port.src_rsp.payload.eq(rsp)]
         # Destination writes into the placed output (entry 0), always accepted.
         m.d.comb += port.dst.ready.eq(1)
         w = port.dst.payload

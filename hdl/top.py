@@ -31,7 +31,7 @@ from .decoder import BundleDecoder, ParcelBeat
 from .host import (FM_PARTS, HostCommandLayout, HostResponseLayout, StatusLayout,
                    StatusOutcome)
 from .img2col_engine import Img2ColEngine
-from .preflight import Outcome, Preflight, img2col_job
+from .preflight import IMG2COL_JOB_CYCLES, Outcome, Preflight, img2col_job
 from .tile_desc import OutputRole
 from .tile_store import StoreOp, TileStore
 
@@ -127,6 +127,10 @@ class CubeUnit(wiring.Component):
         m.d.comb += st.src_pe.eq(cur)
         job = img2col_job(m, plan=pf.plan, desc=st.src_desc, tile_capacity=st.tile_capacity,
                           config=cfg)
+        # The job is offered after the feature map's FM_PARTS parts, FM_PARTS + 1 cycles
+        # after ``src_load``; the store's ``src_desc`` follows ``src_load`` two cycles late and
+        # the job's source facts follow ``src_desc`` IMG2COL_JOB_CYCLES late (T23).
+        assert FM_PARTS + 1 >= 2 + IMG2COL_JOB_CYCLES
         m.d.comb += eng.job.payload.eq(job)
         # The source's feature map goes to the engine one 64-bit part a cycle (T18): the
         # store reads part k + 1 while the engine takes part k (T20).
