@@ -192,6 +192,11 @@ def _smax(a, b):
     return Mux(a > b, a, b)
 
 
+def _at_least_1(e):
+    """max(e, 1) for an unsigned ``e``, without a compare's carry chain."""
+    return Cat(e[0] | (e == 0), e[1:])
+
+
 class ElementConverter(wiring.Component):
     """One post-processed D element per cycle, bit-exact with the golden model.
 
@@ -226,8 +231,8 @@ class ElementConverter(wiring.Component):
     wraps it in an ``EnableInserter``).
     """
 
-    #: Cycles from ``p`` to ``d`` (registers after stages A0, A, B, C and D).
-    latency = 5
+    #: Cycles from ``p`` to ``d`` (registers after the input and stages A0, A, B, C and D).
+    latency = 6
 
     def __init__(self, sources, out_kinds, shift: bool):
         self.sources = frozenset(SrcKind(s) for s in sources)
@@ -250,22 +255,29 @@ class ElementConverter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         # One sub-module per stage: pysim then re-evaluates only the stage a change reaches.
-        stages = {name: Module() for name in ("unpack", "multiply", "normalize", "shift",
-                                              "round", "encode")}
+        stages = {name: Module() for name in ("input", "unpack", "multiply", "normalize",
+                                              "shift", "round", "encode")}
         for name, stage in stages.items():
             m.submodules[name] = stage
-        s0 = self._unpack(stages["unpack"])
+        # The element and the controls enter through registers: neither the source's
+        # multiplexers (the result path's serializer) nor the plan's decode reach into stage
+        # A0, and every later stage reads the controls from this one register (they hold
+        # still while elements are in flight, so it is loaded with the first element).
+        s_in = pipeline_boundary(stages["input"], True, "in", ctl=self.ctl, p=self.p,
+                                 quant=self.quant, alpha=self.alpha)
+        ctl = s_in["ctl"]
+        s0 = self._unpack(stages["unpack"], ctl, s_in)
         s1 = self._multiply(stages["multiply"], s0)
-        s2 = self._normalize(stages["normalize"], s1)
+        s2 = self._normalize(stages["normalize"], ctl, s1)
         s3 = self._shift(stages["shift"], s2)
-        s4 = self._round(stages["round"], s3)
-        self._encode(stages["encode"], s4)
+        s4 = self._round(stages["round"], ctl, s3)
+        self._encode(stages["encode"], ctl, s4)
         return m
 
     # --- stages A0 and A --------------------------------------------------------------
 
-    def _unpack(self, m):
-        ctl, p = self.ctl, self.p
+    def _unpack(self, m, ctl, s):
+        p, quant = s["p"], s["quant"]
         fp = ctl.src == SrcKind.FP32 if SrcKind.FP32 in self.sources else Const(0)
         s32 = ctl.src == SrcKind.S32 if SrcKind.S32 in self.sources else Const(0)
         exp, frac, sign_bit = p[23:31], p[0:23], p[31]
@@ -282,13 +294,13 @@ class ElementConverter(wiring.Component):
         with m.If(fp):
             # Infinities carry magnitude 0: they reach the finite path only as -inf * 0.
             m.d.comb += [src_mag.eq(Mux(exp_max, 0, Cat(frac, exp != 0))),
-                         src_exp.eq(_smax(exp, 1) - 150)]
+                         src_exp.eq(_at_least_1(exp) - 150)]
         with m.Elif(s32):
             m.d.comb += src_mag.eq(abs(p.as_signed()))  # |INT_MIN| = 2**31 fits unsigned
 
         # Activation picks the multiplier before the single conversion: alpha (or 0 for
         # ReLU) replaces the scale for negative inputs.
-        scale19, alpha19 = self.quant[13:32], self.alpha
+        scale19, alpha19 = quant[13:32], s["alpha"]
         mult = Signal(19)
         m.d.comb += mult.eq(scale19)
         with m.If(negative & (ctl.relu != 0)):
@@ -296,13 +308,13 @@ class ElementConverter(wiring.Component):
         m_exp, m_frac = mult[10:18], mult[0:10]
         m_sig = Cat(m_frac, m_exp != 0)
         mult_zero = _wire(m, "mult_zero", m_sig == 0)
-        exponent = _wire(m, "exponent", src_exp + _smax(m_exp, 1) - 137)
+        exponent = _wire(m, "exponent", src_exp + _at_least_1(m_exp) - 137)
 
         offset = Signal(signed(17))
         for kind, width in INTERMEDIATE_WIDTH.items():
             if kind in self.out_kinds:
                 with m.If(ctl.out == kind):
-                    m.d.comb += offset.eq(self.quant[37:37 + width].as_signed())
+                    m.d.comb += offset.eq(quant[37:37 + width].as_signed())
 
         # Results that bypass the arithmetic, in priority order.
         bypass = Signal()
@@ -314,21 +326,20 @@ class ElementConverter(wiring.Component):
         for kind in self.float_kinds:
             with m.If(ctl.out == kind):
                 m.d.comb += float_out.eq(1)
+        extra = {}
         with m.If(ctl.copy):
             m.d.comb += [bypass.eq(1), bypass_raw.eq(p)]
         if self.shift:
             with m.Elif(ctl.shift):
-                # ASR by 1..16 rounds toward -inf with no NX; only S16 saturation flags.
-                shifted = _wire(m, "shifted", p.as_signed() >> (self.quant[32:36] + 1))
-                over = (shifted > 32767) | (shifted < -32768)
-                m.d.comb += [bypass.eq(1),
-                             bypass_raw.eq(Mux(over, Mux(shifted < 0, 0x8000, 0x7FFF),
-                                               shifted[0:16])),
-                             bypass_flags.eq(Mux(over, _OF | _NX, 0))]
+                # ASR by 1..16 rounds toward -inf with no NX.  The S16 saturation is stage
+                # A's: here the shifted word goes into bypass_raw whole.
+                shifting = extra["shifting"] = Signal()
+                m.d.comb += [bypass.eq(1), shifting.eq(1),
+                             bypass_raw.eq((p.as_signed() >> 1) >> quant[32:36])]
         if SrcKind.FP32 in self.sources:
             with m.Elif(special):
                 m.d.comb += bypass.eq(1)
-                self._special_table(m, nan, frac[22], sign_bit, bypass_raw, bypass_flags)
+                self._special_table(m, ctl, nan, frac[22], sign_bit, bypass_raw, bypass_flags)
             with m.Elif(neg_zero & ~mult_zero & float_out):
                 # An FP32 -0 keeps its sign in a floating D (HiF8 has a single zero).
                 m.d.comb += bypass.eq(1)
@@ -339,7 +350,7 @@ class ElementConverter(wiring.Component):
         return pipeline_boundary(m, True, "a0", src_mag=src_mag, m_sig=m_sig,
                                  exponent=exponent, sign=negative, offset=offset,
                                  bypass=bypass, bypass_raw=bypass_raw,
-                                 bypass_flags=bypass_flags)
+                                 bypass_flags=bypass_flags, **extra)
 
     def _multiply(self, m, s):
         # The 32 x 11 product (two MULT18X18D and an adder) from registers, so that neither
@@ -348,18 +359,26 @@ class ElementConverter(wiring.Component):
         product = _wire(m, "product", s["src_mag"] * s["m_sig"])   # 43 bits, exact
         passed = {key: s[key] for key in ("exponent", "sign", "offset", "bypass",
                                           "bypass_raw", "bypass_flags")}
+        if "shifting" in s:
+            # A shift mode's result saturates to S16 (OF and NX) unless the shifted word's
+            # bits 31..15 are all its sign.
+            shifting, raw = s["shifting"], s["bypass_raw"]
+            over = _wire(m, "shift_over", shifting & (raw[15:32] != 0) & ~raw[15:32].all())
+            passed["bypass_raw"] = Mux(over, Mux(raw[31], 0x8000, 0x7FFF),
+                                       Mux(shifting, raw[0:16], raw))
+            passed["bypass_flags"] = Mux(over, _OF | _NX, s["bypass_flags"])
         return pipeline_boundary(m, True, "a", product=product, **passed)
 
-    def _special_table(self, m, nan, quiet, sign_bit, raw, flags):
+    def _special_table(self, m, ctl, nan, quiet, sign_bit, raw, flags):
         """NaN/infinity results, from the model's ``encode_special`` at elaboration."""
         for kind in self.out_kinds:
             dtype = _DTYPE_OF[kind]
-            with m.If(self.ctl.out == kind):
+            with m.If(ctl.out == kind):
                 for sat in (0, 1):
                     cases = {k: encode_special(k, dtype, sat) for k in Special}
                     # Quiet and signaling NaNs differ only in their flags.
                     assert cases[Special.QNAN][0] == cases[Special.SNAN][0]
-                    with m.If(self.ctl.sat == sat):
+                    with m.If(ctl.sat == sat):
                         with m.If(nan):
                             m.d.comb += [raw.eq(cases[Special.QNAN][0]),
                                          flags.eq(Mux(quiet, cases[Special.QNAN][1],
@@ -372,10 +391,12 @@ class ElementConverter(wiring.Component):
 
     # --- stage B ------------------------------------------------------------------------
 
-    def _normalize(self, m, s):
-        ctl, product, exponent = self.ctl, s["product"], s["exponent"]
+    def _normalize(self, m, ctl, s):
+        product, exponent = s["product"], s["exponent"]
         zero = _wire(m, "zero", product == 0)
         lead = _wire(m, "lead", 42 - count_leading_zeros(m, product, "pclz"))
+        # Trailing zeros give stage C its sticky bit without an OR after every shift step.
+        trail = _wire(m, "trail", count_leading_zeros(m, product[::-1], "pctz"))
         # Exponent of v's leading one (meaningless when zero).
         e_v = _wire(m, "e_v", (exponent + lead).as_signed())
         quantum = Signal(signed(11))               # integers: q = 0
@@ -407,25 +428,27 @@ class ElementConverter(wiring.Component):
         amount = _wire(m, "amount", (32 + quantum - exponent).as_signed())
         clamped = _wire(m, "clamped", Mux(amount < 0, 0, Mux(amount > 127, 127, amount))[0:7])
         return pipeline_boundary(m, True, "b", product=product, amount=clamped,
-                                 zero=zero, e_v=e_v, sign=s["sign"], offset=s["offset"],
-                                 bypass=s["bypass"], bypass_raw=s["bypass_raw"],
+                                 lead=lead, trail=trail, zero=zero, e_v=e_v, sign=s["sign"],
+                                 offset=s["offset"], bypass=s["bypass"], bypass_raw=s["bypass_raw"],
                                  bypass_flags=s["bypass_flags"], **extra)
 
     # --- stage C ------------------------------------------------------------------------
 
     def _shift(self, m, s):
-        # word = M * 2**32, with two more bits below for guard/sticky collection.
+        # word = M * 2**32, with two more bits below for the guard and the last sticky bit.
         word = Cat(Const(0, 34), s["product"])
-        sticky = Const(0, 1)
+        # Sticky is the OR of the word's bits 0..amount (those shifted out and the last
+        # bit): set when its lowest one, at 34 + trailing zeros of M, is among them.
+        sticky = _wire(m, "sticky", ~s["zero"] & (s["amount"] >= s["trail"] + 34))
         for k in range(7):
             step = 1 << k
-            hit = s["amount"][k]
-            sticky = _wire(m, f"sticky{k}", sticky | (hit & word[:step].any()))
-            word = _wire(m, f"word{k}", Mux(hit, word[step:], word))
+            word = _wire(m, f"word{k}", Mux(s["amount"][k], word[step:], word))
         n = word[2:]
         # Integers need the low 33 bits and whether any bit above is set (the value is then
-        # beyond every integer range); floating counts have at most 25 bits.
-        count, big, guard, sticky = n[:33], n[33:].any(), word[1], sticky | word[0]
+        # beyond every integer range): M's leading one, at 34 + lead in the word, lands at
+        # n's bit lead - amount.  Floating counts have at most 25 bits.
+        count, guard = n[:33], word[1]
+        big = _wire(m, "big", s["lead"] > s["amount"])
         passed = {key: s[key] for key in ("zero", "e_v", "sign", "offset", "bypass",
                                           "bypass_raw", "bypass_flags", "hif8_bits") if key in s}
         return pipeline_boundary(m, True, "c", count=count, big=big, guard=guard,
@@ -433,29 +456,36 @@ class ElementConverter(wiring.Component):
 
     # --- stage D ------------------------------------------------------------------------
 
-    def _round(self, m, s):
+    def _round(self, m, ctl, s):
         # Rounding is a 34-bit carry chain and the intermediate clamp a compare on its
         # result; the sign, offset and packers after them are stage E's (decision 13 of
         # docs/decisions/hdl-postprocess.md).
-        ctl = self.ctl
         n, guard, sticky, sign = s["count"], s["guard"], s["sticky"], s["sign"]
         inexact = _wire(m, "inexact", guard | sticky)
         # The count's parity is the truncated code's for every encoder that meets a
         # parity-based rounding (RNE, RTO); HiF8 never does (see HIF8_ROUNDINGS).
         up = round_up(m, ctl.rounding, sign, n[0], guard, sticky)
         rounded = _wire(m, "rounded", n + up)              # 34 bits
+
+        def beyond(gt, eq, below):
+            # rounded > (sign ? limit : limit - 1) from n's compares with the limit (``gt``,
+            # ``eq``) and limit - 1 (``below``), beside the rounding add: n + up > T when
+            # n > T, or n = T and up.
+            return s["big"] | Mux(sign, gt | (eq & up), gt | eq | (below & up))
+
         extra = {}
         if self._has(OutKind.S32):
-            extra["s32_over"] = s["big"] | Mux(sign, rounded > (1 << 31),
-                                               rounded > (1 << 31) - 1)
+            extra["s32_over"] = beyond(n > (1 << 31), n == (1 << 31), n == (1 << 31) - 1)
         if self._has(*INTERMEDIATE_WIDTH):
             limit = Signal(18, name="mid_limit")            # 2**(w-1)
+            gt, eq, below = Signal(name="mid_gt"), Signal(name="mid_eq"), Signal(name="mid_below")
             for kind, width in INTERMEDIATE_WIDTH.items():
                 if kind in self.out_kinds:
                     with m.If(ctl.out == kind):
-                        m.d.comb += limit.eq(1 << (width - 1))
-            clamp = _wire(m, "mid_clamp", s["big"] | Mux(sign, rounded > limit,
-                                                         rounded > limit - 1))
+                        top = 1 << (width - 1)
+                        m.d.comb += [limit.eq(top), gt.eq(n > top), eq.eq(n == top),
+                                     below.eq(n == top - 1)]
+            clamp = _wire(m, "mid_clamp", beyond(gt, eq, below))
             extra["mid_clamp"] = clamp
             extra["mid_magnitude"] = Mux(clamp, Mux(sign, limit, limit - 1), rounded[0:18])
         passed = {key: s[key] for key in ("count", "zero", "e_v", "sign", "offset", "bypass",
@@ -466,8 +496,7 @@ class ElementConverter(wiring.Component):
 
     # --- stage E ------------------------------------------------------------------------
 
-    def _encode(self, m, s):
-        ctl = self.ctl
+    def _encode(self, m, ctl, s):
         rounded, inexact = s["rounded"], s["inexact"]
         raw = Signal(32)
         flags = Signal(5)
@@ -475,14 +504,14 @@ class ElementConverter(wiring.Component):
         if self._has(OutKind.S32):
             results[OutKind.S32] = self._encode_s32(s, rounded, inexact)
         if self._has(*INTERMEDIATE_WIDTH):
-            results.update(self._encode_intermediate(m, s, inexact))
+            results.update(self._encode_intermediate(m, ctl, s, inexact))
         for kind, fmt in _IEEE.items():
             if kind in self.out_kinds:
-                results[kind] = self._encode_ieee(m, kind, fmt, s, rounded, inexact)
+                results[kind] = self._encode_ieee(m, ctl, kind, fmt, s, rounded, inexact)
         if self._has(OutKind.E4M3):
-            results[OutKind.E4M3] = self._encode_e4m3(m, s, rounded, inexact)
+            results[OutKind.E4M3] = self._encode_e4m3(m, ctl, s, rounded, inexact)
         if self._has(OutKind.HIF8):
-            results[OutKind.HIF8] = self._encode_hif8(m, s, rounded, inexact)
+            results[OutKind.HIF8] = self._encode_hif8(m, ctl, s, rounded, inexact)
         with m.Switch(ctl.out):
             for kind, (k_raw, k_flags) in results.items():
                 with m.Case(kind):
@@ -499,20 +528,24 @@ class ElementConverter(wiring.Component):
         raw = Mux(s["sign"], -rounded, rounded)[0:32]
         return raw, Mux(s["s32_over"], _OF | _NX, Mux(inexact, _NX, 0))
 
-    def _encode_intermediate(self, m, s, inexact):
+    def _encode_intermediate(self, m, ctl, s, inexact):
         """S4/S8/S16: clamped to S5/S9/S17 (stage D), add the offset, encode with Sat."""
-        sign, ctl, clamp = s["sign"], self.ctl, s["mid_clamp"]
-        magnitude = s["mid_magnitude"]
-        middle = _wire(m, "middle", Mux(sign, -magnitude, magnitude).as_signed())
+        sign, clamp = s["sign"], s["mid_clamp"]
+        magnitude, offset = s["mid_magnitude"], s["offset"]
         f1 = Mux(clamp, _OF | _NX, Mux(inexact, _NX, 0))
-        total = _wire(m, "mid_total", middle + s["offset"])  # signed, w + 1 bits
+        # offset +/- magnitude as two adders side by side rather than a negation before one.
+        total = _wire(m, "mid_total", Mux(sign, offset - magnitude, offset + magnitude))
         results = {}
         for kind, width in INTERMEDIATE_WIDTH.items():
             if kind in self.out_kinds:
                 bits = width - 1
                 lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-                over = (total < lo) | (total > hi)
-                clamped = Mux(total < 0, lo & ((1 << bits) - 1), hi)
+                # |magnitude| <= 2**(w-1) and the offset is a w-bit signed field, so the
+                # total fits w + 1 signed bits: it is outside lo..hi exactly when its bits
+                # w..bits-1 are not all equal (no compare chains).
+                top = total[bits - 1:width + 1]
+                over = (top != 0) & ~top.all()
+                clamped = Mux(total[-1], lo & ((1 << bits) - 1), hi)
                 raw = Mux(over & ctl.sat, clamped, total[0:bits])
                 results[kind] = (raw, f1 | Mux(over, _OF | _NX, 0))
         return results
@@ -520,7 +553,7 @@ class ElementConverter(wiring.Component):
     def _float_flags(self, zero, over, inexact, tiny):
         return Mux(zero, 0, Mux(over, _OF | _NX, Mux(inexact, Mux(tiny, _UF | _NX, _NX), 0)))
 
-    def _encode_ieee(self, m, kind, fmt, s, rounded, inexact):
+    def _encode_ieee(self, m, ctl, kind, fmt, s, rounded, inexact):
         """FP32/FP16/BF16: pack the rounded count; overflow gives inf in every mode."""
         p, emin, bias, width = fmt
         name = kind.name.lower()
@@ -533,12 +566,12 @@ class ElementConverter(wiring.Component):
         mag = _wire(m, f"{name}_mag", (Cat(Const(0, p), biased) + count)[0:width - 1])
         over = _wire(m, f"{name}_over", (e_v > bias) | ((e_v == bias) & carry))
         inf = ((2 * bias + 1) << p)
-        top = Mux(self.ctl.sat, inf - 1, inf)
+        top = Mux(ctl.sat, inf - 1, inf)
         body = Mux(zero, 0, Mux(over, top, mag))[0:width - 1]
         raw = Cat(body, sign & ~zero)
         return raw, self._float_flags(zero, over, inexact, e_v < emin)
 
-    def _encode_e4m3(self, m, s, rounded, inexact):
+    def _encode_e4m3(self, m, ctl, s, rounded, inexact):
         """E4M3: IEEE packing, overflow above 448 before rounding, zero is always 0x00."""
         sign, e_v, zero, n = s["sign"], s["e_v"], s["zero"], s["count"]
         sig = n[0:_E4M3_P + 1]
@@ -547,12 +580,12 @@ class ElementConverter(wiring.Component):
         biased = Mux(e_v < _E4M3_EMIN, 0, (e_v + (_E4M3_BIAS - 1))[0:4])
         mag = _wire(m, "e4m3_mag", (Cat(Const(0, _E4M3_P), biased)
                                     + rounded[0:_E4M3_P + 2])[0:7])
-        top = Mux(self.ctl.sat, Cat(Const(_E4M3_MAX_CODE, 7), sign), _E4M3_OVERFLOW_CODE)
+        top = Mux(ctl.sat, Cat(Const(_E4M3_MAX_CODE, 7), sign), _E4M3_OVERFLOW_CODE)
         # The nearest-code search of the model always returns +0 for a zero result.
         raw = Mux(zero, 0, Mux(over, top, Mux(mag == 0, 0, Cat(mag, sign))))
         return raw, self._float_flags(zero, over, inexact, e_v < _E4M3_EMIN)
 
-    def _encode_hif8(self, m, s, rounded, inexact):
+    def _encode_hif8(self, m, ctl, s, rounded, inexact):
         """HiF8: round in the binade of v, carry into the next binade, look the code up."""
         sign, e_v, zero, n = s["sign"], s["e_v"], s["zero"], s["count"]
         e_h = _wire(m, "hif8_eh", _smax(e_v, _HIF8_EMIN))
@@ -578,6 +611,6 @@ class ElementConverter(wiring.Component):
         # |v| > 32768 overflows before rounding (32768 = 2**15 has a zero fraction).
         over = _wire(m, "hif8_over", (e_v > _HIF8_EMAX) | (
             (e_v == _HIF8_EMAX) & ((n[0:top_bits] != 0) | inexact)))
-        top = Cat(Mux(self.ctl.sat, _HIF8_MAX_CODE, _HIF8_INF_CODE)[0:7], sign)
+        top = Cat(Mux(ctl.sat, _HIF8_MAX_CODE, _HIF8_INF_CODE)[0:7], sign)
         raw = Mux(zero, 0, Mux(over, top, Mux(code == 0, 0, Cat(code, sign))))
         return raw, self._float_flags(zero, over, inexact, e_v < _HIF8_MIN_NORMAL_EXP)

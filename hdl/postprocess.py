@@ -22,7 +22,7 @@ preflight's combinational checker.  ``docs/hdl-postprocess.md`` has the design n
 import os
 import time
 
-from amaranth.hdl import EnableInserter, Module, Mux, Signal
+from amaranth.hdl import Cat, EnableInserter, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -281,8 +281,7 @@ class PostProcess(wiring.Component):
         ]
         m.d.comb += [self.d_out.valid.eq(out_valid), self.d_out.payload.eq(out),
                      self.acc_in.ready.eq(advance), self.plan_ok.eq(plan_ok),
-                     self.busy.eq(out_valid | stages[1]["valid"] | stages[2]["valid"]
-                                  | stages[3]["valid"])]
+                     self.busy.eq(out_valid | Cat(*(st["valid"] for st in stages[1:])).any())]
 
         delivered = self.d_out.valid & self.d_out.ready
         m.d.sync += self.flags.eq(Mux(self.clear, 0, self.flags)

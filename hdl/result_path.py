@@ -90,30 +90,35 @@ class ResultPath(wiring.Component):
         # ------------------------------------------------------------------
         # Prefill: zeros over D's CELLs, then over RowMaxOut's and GroupMaxOut's rows
         # ------------------------------------------------------------------
+        # The region's words left and next word address are counters, loaded when a region
+        # begins: the RowMaxOut / GroupMaxOut sizes come from registers that follow the run
+        # context (still for the whole run), so no size adder or compare is in front of the
+        # write port.
         pre_region = Signal(2)
-        pre_index = Signal(16)
+        pre_left = Signal(16)
+        pre_addr = Signal(aw)
         pre_done = Signal()
-        region_words = Signal(16)
-        region_base = Signal(aw)
-        with m.Switch(pre_region):
-            with m.Case(0):
-                m.d.comb += [region_words.eq(run.d_cells << 4), region_base.eq(run.d.base << 4)]
-            with m.Case(1):
-                m.d.comb += [region_words.eq(Mux(plan.row_max,
-                                                 ((run.m << run.row_max.log2p) + 1) >> 1, 0)),
-                             region_base.eq(run.row_max.base << 4)]
-            with m.Case(2):
-                m.d.comb += [region_words.eq(Mux(plan.group_max,
-                                                 ((run.m << run.group_max.log2p) + 1) >> 1, 0)),
-                             region_base.eq(run.group_max.base << 4)]
+        later_words = [Signal(16, name=f"pre_words{k}") for k in (1, 2)]
+        later_base = [Signal(aw, name=f"pre_base{k}") for k in (1, 2)]
+        for words, base, enable, info in ((later_words[0], later_base[0], plan.row_max,
+                                           run.row_max),
+                                          (later_words[1], later_base[1], plan.group_max,
+                                           run.group_max)):
+            m.d.sync += [words.eq(Mux(enable, ((run.m << info.log2p) + 1) >> 1, 0)),
+                         base.eq(info.base << 4)]
         m.d.comb += pre_done.eq(pre_region == 3)
-        pre_valid = running & ~pre_done & (pre_index < region_words)
+        pre_valid = running & ~pre_done & (pre_left != 0)
         pre_taken = Signal()
         with m.If(running & ~pre_done):
-            with m.If(pre_index >= region_words):
-                m.d.sync += [pre_region.eq(pre_region + 1), pre_index.eq(0)]
+            with m.If(pre_left == 0):
+                m.d.sync += pre_region.eq(pre_region + 1)
+                with m.Switch(pre_region):
+                    for k in (0, 1):
+                        with m.Case(k):
+                            m.d.sync += [pre_left.eq(later_words[k]),
+                                         pre_addr.eq(later_base[k])]
             with m.Elif(pre_taken):
-                m.d.sync += pre_index.eq(pre_index + 1)
+                m.d.sync += [pre_left.eq(pre_left - 1), pre_addr.eq(pre_addr + 1)]
 
         # ------------------------------------------------------------------
         # Intake: drop the empty row sets, keep rows of real blocks below M
@@ -186,8 +191,14 @@ class ResultPath(wiring.Component):
         need_quant = element & (plan.quant_source == ParamSource.VECTOR)
         need_alpha = element & (plan.alpha_source == ParamSource.VECTOR)
         need_seed = element & plan.row_max & plan.row_max_init & row_last
-        s_addr, s_off = word_and_offset(run.rowmax_in.base,
-                                        row_major_bits(5, run.rowmax_in.log2p, gi, 0), aw)
+        # RowMaxIn's word and offset for the piece's row, set when the piece is loaded: no
+        # address adder in front of the parameter cache's hit test and the element handshake.
+        s_addr = Signal(aw)
+        s_off = Signal(6)
+        with m.If(keep):
+            bits = row_major_bits(5, run.rowmax_in.log2p, (row0 + d_row)[:16], 0)
+            m.d.sync += Cat(s_addr, s_off).eq(Cat(*word_and_offset(run.rowmax_in.base, bits,
+                                                                    aw)))
         params_hit, (q_word, a_word, s_word) = lane_cache(
             m, "param", [(need_quant, run.quant.space, q_addr),
                          (need_alpha, run.alpha.space, a_addr),
@@ -321,19 +332,28 @@ class ResultPath(wiring.Component):
         asm_addr = [Signal(aw, name=f"asm{b}_addr") for b in range(rows)]
         asm_data = [Signal(64, name=f"asm{b}_data") for b in range(rows)]
         asm_mask = [Signal(8, name=f"asm{b}_mask") for b in range(rows)]
+        asm = list(zip(asm_valid, asm_addr, asm_data, asm_mask))
+        # The open word of the element's bank has registers of its own, kept equal to that
+        # bank's assembly register: the writer's decisions start from flip-flops, not from a
+        # bank multiplexer.
         cur_valid = Signal()
         cur_addr = Signal(aw)
         cur_data = Signal(64)
         cur_mask = Signal(8)
-        for b in range(rows):
-            with m.If(d_bank == b):
-                m.d.comb += [cur_valid.eq(asm_valid[b]), cur_addr.eq(asm_addr[b]),
-                             cur_data.eq(asm_data[b]), cur_mask.eq(asm_mask[b])]
+        cur = Cat(cur_valid, cur_addr, cur_data, cur_mask)
         wr_d = Signal(MemWriteLayout(cfg))
         wr_d_valid = Signal()
         conflict = cur_valid & (cur_addr != d_addr)
         merged_data = Mux(cur_valid, cur_data, 0) | d_ins
         merged_mask = Mux(cur_valid, cur_mask, 0) | d_mask
+        # The bank's open word once the element is placed.
+        placed = Signal(len(cur))
+        with m.If(conflict):
+            m.d.comb += placed.eq(Cat(~d_row_end, d_addr, d_ins, d_mask))
+        with m.Elif(d_row_end):
+            m.d.comb += placed.eq(Cat(0, cur_addr, cur_data, cur_mask))
+        with m.Else():
+            m.d.comb += placed.eq(Cat(1, d_addr, merged_data, merged_mask))
         # The D write register frees in the cycle its word is written, and an element that
         # finds another word open writes that word and opens its own in the same cycle (a
         # bank's rows alternate words with every block column); only an element that also
@@ -349,25 +369,27 @@ class ResultPath(wiring.Component):
                          d_ins.eq((extract(dq.r_data, 0, run.d_log2w, 32) << e_off)[:64]),
                          d_mask.eq(byte_mask(run.d_log2w, e_off)),
                          d_row_end.eq(c_col + 1 == run.n)]
-        with m.Elif(d_used):
+            with m.If(d_here & (d_bank == c_bank)):
+                m.d.sync += cur.eq(placed)
+            with m.Else():
+                for b in range(rows):
+                    with m.If(c_bank == b):
+                        m.d.sync += cur.eq(Cat(*asm[b]))
+        with m.Elif(d_here):
+            m.d.sync += cur.eq(placed)
+        with m.If(d_used & ~d_load):
             m.d.sync += d_valid.eq(0)
         with m.If(d_taken):
             m.d.sync += wr_d_valid.eq(0)
         for b in range(rows):
             with m.If(d_here & (d_bank == b)):
-                with m.If(conflict):
-                    m.d.sync += [asm_valid[b].eq(~d_row_end), asm_addr[b].eq(d_addr),
-                                 asm_data[b].eq(d_ins), asm_mask[b].eq(d_mask),
-                                 wr_d_valid.eq(1), wr_d.space.eq(run.space),
-                                 wr_d.addr.eq(asm_addr[b]), wr_d.data.eq(asm_data[b]),
-                                 wr_d.mask.eq(asm_mask[b])]
-                with m.Elif(d_row_end):
-                    m.d.sync += [asm_valid[b].eq(0), wr_d_valid.eq(1), wr_d.space.eq(run.space),
-                                 wr_d.addr.eq(d_addr), wr_d.data.eq(merged_data),
-                                 wr_d.mask.eq(merged_mask)]
-                with m.Else():
-                    m.d.sync += [asm_valid[b].eq(1), asm_addr[b].eq(d_addr),
-                                 asm_data[b].eq(merged_data), asm_mask[b].eq(merged_mask)]
+                m.d.sync += Cat(*asm[b]).eq(placed)
+        with m.If(d_here & conflict):
+            m.d.sync += [wr_d_valid.eq(1), wr_d.space.eq(run.space), wr_d.addr.eq(cur_addr),
+                         wr_d.data.eq(cur_data), wr_d.mask.eq(cur_mask)]
+        with m.Elif(d_here & d_row_end):
+            m.d.sync += [wr_d_valid.eq(1), wr_d.space.eq(run.space), wr_d.addr.eq(d_addr),
+                         wr_d.data.eq(merged_data), wr_d.mask.eq(merged_mask)]
 
         # ------------------------------------------------------------------
         # Write port: reductions, D, prefill (the prefill ends before any data exists)
@@ -386,7 +408,7 @@ class ResultPath(wiring.Component):
             m.d.comb += [wr.valid.eq(1), wr.payload.eq(wr_d), d_taken.eq(wr.ready)]
         with m.Elif(pre_valid):
             m.d.comb += [wr.valid.eq(1), wr.payload.space.eq(run.space),
-                         wr.payload.addr.eq(region_base + pre_index), wr.payload.data.eq(0),
+                         wr.payload.addr.eq(pre_addr), wr.payload.data.eq(0),
                          wr.payload.mask.eq(0xFF), pre_taken.eq(wr.ready)]
 
         # Flags: conversions (PostProcess) and reduction steps.
@@ -406,7 +428,8 @@ class ResultPath(wiring.Component):
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
                     m.d.sync += [junk.eq(Mux(self.fresh, 1, 2)), pre_region.eq(0),
-                                 pre_index.eq(0), running.eq(1)]
+                                 pre_left.eq(run.d_cells << 4),
+                                 pre_addr.eq(run.d.base << 4), running.eq(1)]
                     m.next = "RUN"
             with m.State("RUN"):
                 with m.If(walk_done & (junk == 0) & idle_inside):
