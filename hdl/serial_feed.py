@@ -10,20 +10,23 @@ transposed primaries, MX scales, the floating Bias term), so a build that must s
 cycles a beat or more, against one beat per cycle - for one address adder chain, one
 element extractor and one word register instead of R + C of each (``docs/hdl-cube.md``).
 
-Lanes move through three stages that advance together:
+Lanes move through five stages that advance together, and a sixth that never waits:
 
-* **row**: the lane's output row (A, scale of A) or column (B, scale of B) and whether the
-  beat needs its element;
-* **address**: the element's bit address (row part + K part, as the parallel feed computes
-  it) split into word address and offset;
-* **lookup**: the word from the lane's entry of a small word memory (R + C entries, or
-  twice that with scales: LUT RAM), or from the word the previous lane used; on a miss it
-  reads the word (a registered request, one outstanding read), keeps it in both, and looks
-  again.  The element goes straight into the beat register.
+* **row**: the lane's output row (A, scale of A) or column (B, scale of B), whether the
+  beat needs its element, and the row's shift in its operand's address;
+* **cell** and **part**: the CUBE_N8 CELL multiplier and the shifted row, then the row
+  part of the bit address (as the parallel feed computes it);
+* **address**: the element's bit address (row part + K part) split into word address and
+  offset; the lane's entry of a small word memory (R + C entries, or twice that with
+  scales: LUT RAM) is read and both hits are found here, a cycle ahead;
+* **lookup**: the word from the lane's entry, or the word the previous lane used; on a
+  miss it reads the word (a registered request, one outstanding read), keeps it in both,
+  and looks again;
+* **element**: the element cut from the word's half and written into the beat register.
 
 A lane keeps its entry across beats, so a word along K is read once per block row or
 column as in the parallel feed (without its read-ahead).  The beat register is filled only
-while no beat is offered, and a beat is offered once its last lane is done.
+while no beat is offered, and a beat is offered once its last lane's element is written.
 """
 
 from types import SimpleNamespace
@@ -92,7 +95,8 @@ class SerialFeed(OperandFeed):
                 m.d.sync += [out.b_scale[j].eq(0) for j in range(cols)]
 
         # ------------------------------------------------------------------
-        # Three lane stages; ``go`` moves all of them (the lookup is done or empty).
+        # The lane stages; ``go`` moves all but the element stage (the lookup is done
+        # or empty).
         # ------------------------------------------------------------------
         go = Signal()
         r_valid, a_valid, l_valid = (Signal(name=f"s_{n}_valid") for n in ("row", "addr", "look"))
