@@ -103,8 +103,16 @@ class FillSource(wiring.Component):
         offer_off = [[Signal(6, name=f"offer{b}_off{j}") for j in range(cols)]
                      for b in range(2)]
         hit = Signal()                             # every lane holds its word
-        m.d.comb += self.fill.valid.eq(Mux(rp, offer_valid[1], offer_valid[0]) & hit)
-        taken = self.fill.valid & self.fill.ready
+        # Rows leave through a register, so that the lanes' compares do not reach into
+        # the array: the row on offer moves into it when it is free or taken.
+        out_valid = Signal(name="out_valid")
+        out = Signal.like(self.fill.payload, name="out")
+        row = Signal.like(self.fill.payload, name="row")
+        m.d.comb += [self.fill.valid.eq(out_valid), self.fill.payload.eq(out)]
+        move = ~out_valid | self.fill.ready
+        taken = Mux(rp, offer_valid[1], offer_valid[0]) & hit & move
+        with m.If(move):
+            m.d.sync += [out_valid.eq(taken), out.eq(row)]
         gi = blk_r + i
         for j in range(cols):
             gj = blk_c + j
@@ -126,7 +134,7 @@ class FillSource(wiring.Component):
         all_hit, words = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start)
         m.d.comb += hit.eq(all_hit)
         for j, (word, (need, off)) in enumerate(zip(words, offsets)):
-            m.d.comb += self.fill.payload.data[j].eq(Mux(need, extract(word, off, 5, 32), 0))
+            m.d.comb += row.data[j].eq(Mux(need, extract(word, off, 5, 32), 0))
 
         # A load and a take never meet in one register (one is free, the other full).
         m.d.comb += load.eq(has & ~Mux(wp, offer_valid[1], offer_valid[0]))
@@ -194,6 +202,6 @@ class FillSource(wiring.Component):
                     with m.If(zero_sets == 1):
                         m.next = "FLUSH"
             with m.State("FLUSH"):
-                with m.If(~offer_valid[0] & ~offer_valid[1]):
+                with m.If(~offer_valid[0] & ~offer_valid[1] & ~out_valid):
                     m.next = "IDLE"
         return m

@@ -427,8 +427,10 @@ class OperandFeed(FeedComponent):
         return ((kk >> 5) << f.sb_k_sh)[:f.sw]
 
     @staticmethod
-    def _a_row(f, gi):
-        return f.a_base + (gi << f.a_row_sh)
+    def _a_row(f, gi, shifted=None):
+        """Row ``gi``'s part; ``shifted``: ``gi << f.a_row_sh`` when computed apart (the
+        serial feed registers it), and likewise for the other ``_*_row``."""
+        return f.a_base + (gi << f.a_row_sh if shifted is None else shifted)
 
     @staticmethod
     def _b_cells(f, gj):
@@ -436,14 +438,15 @@ class OperandFeed(FeedComponent):
         return (gj >> 3) * f.b_krep
 
     @staticmethod
-    def _b_row(f, gj, cells, bias):
+    def _b_row(f, gj, cells, bias, shifted=None):
         # CUBE_N8: CELLs K-fast, N-slow; column gj's slice in its CELL is gj % 8.
         n8 = (cells << 10) | (gj[:3] << 7)
-        return Mux(bias, f.bias_base + (gj << 5), f.b_base + Mux(f.b_cell, n8, gj << f.b_row_sh))
+        shifted = gj << f.b_row_sh if shifted is None else shifted
+        return Mux(bias, f.bias_base + (gj << 5), f.b_base + Mux(f.b_cell, n8, shifted))
 
     @staticmethod
-    def _sa_row(f, gi):
-        return f.sa_base + (gi << f.sa_row_sh)
+    def _sa_row(f, gi, shifted=None):
+        return f.sa_base + (gi << f.sa_row_sh if shifted is None else shifted)
 
     @staticmethod
     def _sb_row(f, gj):

@@ -91,6 +91,15 @@ class ReadArbiter(wiring.Component):
         return m
 
 
+def _or(values):
+    """``values`` ORed as a balanced tree (one-hot selections of many registers)."""
+    values = list(values)
+    while len(values) > 1:
+        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
 def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear) -> tuple:
     """Word registers for ``lanes`` of one read client; returns ``(all_hit, words)``.
 
@@ -99,11 +108,20 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear) -> tuple:
     next.  ``req``: the client's read stream (driven here), ``rsp``: its answers, ``clear``:
     forget every word (the memory contents may have changed; only while no read is
     outstanding).  A lane is a hit when it needs nothing or holds its word.  A missing lane
-    asks for its word (one request per cycle, lowest lane first); when no lane misses, a
-    lane with an ``ahead`` word asks for that one into its second register, so that reads
-    overlap the beats that use the words already there.
+    asks for its word; when no lane misses, a lane with an ``ahead`` word asks for that one
+    into its second register, so that reads overlap the beats that use the words already
+    there.
+
+    Asks are registered with the word and the register to load; the next cycle the lowest
+    asking lane (words needed now before words ahead) is granted: its register is marked
+    pending with the address, and the read goes into a request register, so that ``req``
+    is driven from registers and no path runs from the lanes' compares into the arbiter.
+    A granted ask is dropped.  A registered ask is at most a cycle old: it still names a
+    word the lane lacks (only a grant changes a lane's addresses) and a register that is
+    not pending (only a grant sets pending); at worst a read-ahead replaces a word that is
+    read again.
     """
-    words, hits, asks = [], [], []
+    words, hits, info = [], [], []
     for index, lane in enumerate(lanes):
         need, space, addr = lane[0], Value.cast(lane[1]), lane[2]
         ahead_need, ahead_addr = lane[3:] if len(lane) > 3 else (0, addr)
@@ -133,35 +151,47 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear) -> tuple:
         ask_now = need & ~matched & free
         ask_ahead = ahead_need & ~Cat(*(h["ahead"] for h in held)).any() & free \
             & (~need | matched)
+        asked = Signal(name=f"{name}{index}_ask")
+        asked_ahead = Signal(name=f"{name}{index}_ask_ahead")
+        target = Signal(len(addr), name=f"{name}{index}_target")
+        target_space = Signal(len(space), name=f"{name}{index}_target_space")
+        target_reg = Signal(range(2), name=f"{name}{index}_target_reg")
+        granted = Signal(name=f"{name}{index}_granted")
+        m.d.sync += [asked.eq(ask_now & ~granted & ~clear),
+                     asked_ahead.eq(ask_ahead & ~granted & ~clear),
+                     target.eq(Mux(ask_now, addr, ahead_addr)), target_space.eq(space),
+                     target_reg.eq(victim)]
         for r, h in enumerate(held):
             with m.If(rsp.valid & (rsp.tag == 2 * index + r)):
                 m.d.sync += [h["word"].eq(rsp.data), h["pending"].eq(0)]
             with m.If(clear):
                 m.d.sync += h["valid"].eq(0)
+            with m.Elif(granted & (target_reg == r)):
+                m.d.sync += [h["space"].eq(target_space), h["addr"].eq(target),
+                             h["valid"].eq(1), h["pending"].eq(1)]
         words.append(word)
         hits.append(~need | ready)
-        asks.append((ask_now, ask_ahead, space, addr, ahead_addr, victim, held))
+        info.append((asked, asked_ahead, target, target_space, target_reg, granted))
 
-    chosen = Signal(range(max(2, len(lanes))), name=f"{name}_ask")
-    asking = Signal(name=f"{name}_asking")
-    early = Signal(name=f"{name}_ahead")
-    for index in reversed(range(len(lanes))):
-        with m.If(asks[index][1] & ~clear):
-            m.d.comb += [chosen.eq(index), asking.eq(1), early.eq(1)]
-    for index in reversed(range(len(lanes))):
-        with m.If(asks[index][0] & ~clear):
-            m.d.comb += [chosen.eq(index), asking.eq(1), early.eq(0)]
-    m.d.comb += req.valid.eq(asking)
-    for index, (_, _, space, addr, ahead_addr, victim, held) in enumerate(asks):
-        target = Mux(early, ahead_addr, addr)
-        with m.If(chosen == index):
-            m.d.comb += [req.payload.space.as_value().eq(space), req.payload.addr.eq(target),
-                         req.payload.tag.eq(2 * index + victim)]
-            with m.If(req.valid & req.ready):
-                for r, h in enumerate(held):
-                    with m.If(victim == r):
-                        m.d.sync += [h["space"].eq(space), h["addr"].eq(target),
-                                     h["valid"].eq(1), h["pending"].eq(1)]
+    asks = [i[0] for i in info] + [i[1] for i in info]
+    first = [ask & ~Cat(*asks[:index]).any() if index else ask
+             for index, ask in enumerate(asks)]
+    grants = [now | early for now, early in zip(first[:len(info)], first[len(info):])]
+    rq_valid = Signal(name=f"{name}_rq_valid")
+    rq = Signal(req.payload.shape(), name=f"{name}_rq")
+    load = Signal(name=f"{name}_rq_load")
+    m.d.comb += load.eq((~rq_valid | req.ready) & ~clear)
+    m.d.comb += [i[5].eq(load & grant) for i, grant in zip(info, grants)]
+
+    with m.If(load):
+        m.d.sync += [rq_valid.eq(Cat(*asks).any()),
+                     rq.space.as_value().eq(_or(Mux(g, i[3], 0) for g, i in zip(grants, info))),
+                     rq.addr.eq(_or(Mux(g, i[2], 0) for g, i in zip(grants, info))),
+                     rq.tag.eq(_or(Mux(g, 2 * index + i[4], 0)
+                                   for index, (g, i) in enumerate(zip(grants, info))))]
+    with m.Elif(req.ready):
+        m.d.sync += rq_valid.eq(0)
+    m.d.comb += [req.valid.eq(rq_valid), req.payload.eq(rq)]
     all_hit = Signal(name=f"{name}_all_hit")
     m.d.comb += all_hit.eq(Cat(*hits).all() if hits else 1)
     return all_hit, words

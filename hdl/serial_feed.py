@@ -10,20 +10,23 @@ transposed primaries, MX scales, the floating Bias term), so a build that must s
 cycles a beat or more, against one beat per cycle - for one address adder chain, one
 element extractor and one word register instead of R + C of each (``docs/hdl-cube.md``).
 
-Lanes move through three stages that advance together:
+Lanes move through five stages that advance together, and a sixth that never waits:
 
-* **row**: the lane's output row (A, scale of A) or column (B, scale of B) and whether the
-  beat needs its element;
-* **address**: the element's bit address (row part + K part, as the parallel feed computes
-  it) split into word address and offset;
-* **lookup**: the word from the lane's entry of a small word memory (R + C entries, or
-  twice that with scales: LUT RAM), or from the word the previous lane used; on a miss it
-  reads the word (a registered request, one outstanding read), keeps it in both, and looks
-  again.  The element goes straight into the beat register.
+* **row**: the lane's output row (A, scale of A) or column (B, scale of B), whether the
+  beat needs its element, and the row's shift in its operand's address;
+* **cell** and **part**: the CUBE_N8 CELL multiplier and the shifted row, then the row
+  part of the bit address (as the parallel feed computes it);
+* **address**: the element's bit address (row part + K part) split into word address and
+  offset; the lane's entry of a small word memory (R + C entries, or twice that with
+  scales: LUT RAM) is read and both hits are found here, a cycle ahead;
+* **lookup**: the word from the lane's entry, or the word the previous lane used; on a
+  miss it reads the word (a registered request, one outstanding read), keeps it in both,
+  and looks again;
+* **element**: the element cut from the word's half and written into the beat register.
 
 A lane keeps its entry across beats, so a word along K is read once per block row or
 column as in the parallel feed (without its read-ahead).  The beat register is filled only
-while no beat is offered, and a beat is offered once its last lane is done.
+while no beat is offered, and a beat is offered once its last lane's element is written.
 """
 
 from types import SimpleNamespace
@@ -92,7 +95,8 @@ class SerialFeed(OperandFeed):
                 m.d.sync += [out.b_scale[j].eq(0) for j in range(cols)]
 
         # ------------------------------------------------------------------
-        # Three lane stages; ``go`` moves all of them (the lookup is done or empty).
+        # The lane stages; ``go`` moves all but the element stage (the lookup is done
+        # or empty).
         # ------------------------------------------------------------------
         go = Signal()
         r_valid, a_valid, l_valid = (Signal(name=f"s_{n}_valid") for n in ("row", "addr", "look"))
@@ -103,7 +107,12 @@ class SerialFeed(OperandFeed):
         r_index = Signal(range(max(2, rows, cols)), name="s_row_index")
         r_g, r_need = Signal(16, name="s_row_g"), Signal(name="s_row_need")
 
-        # Row stage: lane ``issue`` -> group, index in it, output row or column, need.
+        # Row stage: lane ``issue`` -> group, index in it, output row or column, need, and
+        # the shift of the row or column in its operand's address (``_*_row``).
+        r_sh = Signal(5, name="s_row_sh")
+        row_sh = {"a": f.a_row_sh, "b": f.b_row_sh}
+        if scaled:
+            row_sh.update(sa=f.sa_row_sh, sb=Const(3))
         wanted = {"a": ~pos.bias, "b": Const(1)}
         if scaled:
             wanted.update(sa=~pos.bias & f.a_scaled, sb=~pos.bias & f.b_scaled)
@@ -119,80 +128,127 @@ class SerialFeed(OperandFeed):
                         ok = (pos.block.rows_ok if is_row else pos.block.cols_ok).bit_select(
                             index, 1)
                         m.d.sync += [r_group.eq(g), r_index.eq(index), r_g.eq(start + index),
-                                     r_need.eq(ok & wanted[name])]
+                                     r_need.eq(ok & wanted[name]), r_sh.eq(row_sh[name])]
 
-        # Address stage: the bit address of the element, its memory and width.
+        # Cell stage: the CUBE_N8 CELL multiplier and the row's shift have a stage of their
+        # own; part stage: the row (or column) part of the bit address.
+        stages = {}
+        for stage in ("cell", "part"):
+            stages[stage] = SimpleNamespace(
+                valid=Signal(name=f"s_{stage}_valid"),
+                lane=Signal(range(lanes), name=f"s_{stage}_lane"),
+                group=Signal(range(len(groups)), name=f"s_{stage}_group"),
+                index=Signal.like(r_index, name=f"s_{stage}_index"),
+                need=Signal(name=f"s_{stage}_need"))
+        c, p = stages["cell"], stages["part"]
+        c_g, c_cells = Signal(16, name="s_cell_g"), Signal(sw - 10, name="s_cell_cells")
+        p_row, row = Signal(sw, name="s_part_row"), Signal(sw, name="s_row_part")
+        c_shifted = Signal(sw, name="s_cell_shifted")
+        rows_of = {"a": self._a_row(f, c_g, c_shifted),
+                   "b": self._b_row(f, c_g, c_cells, pos.bias, c_shifted)}
+        if scaled:
+            rows_of.update(sa=self._sa_row(f, c_g, c_shifted), sb=self._sb_row(f, c_g))
+        with m.Switch(c.group):
+            for g, (name, _) in enumerate(groups):
+                with m.Case(g):
+                    m.d.comb += row.eq(rows_of[name])
+        with m.If(go):
+            m.d.sync += [c.valid.eq(r_valid), c.lane.eq(r_lane), c.group.eq(r_group),
+                         c.index.eq(r_index), c.need.eq(r_need), c_g.eq(r_g),
+                         c_cells.eq(self._b_cells(f, r_g)), c_shifted.eq(r_g << r_sh),
+                         p.valid.eq(c.valid), p.lane.eq(c.lane), p.group.eq(c.group),
+                         p.index.eq(c.index), p.need.eq(c.need), p_row.eq(row)]
+
+        # Address stage: the bit address of the element (+ its K part), memory and width.
         a_addr, a_off = Signal(aw, name="s_addr_word"), Signal(6, name="s_addr_off")
         a_space, a_log2w = Signal(3, name="s_addr_space"), Signal(3, name="s_addr_log2w")
         a_need, a_index = Signal(name="s_addr_need"), Signal(len(r_index), name="s_addr_index")
         bits = Signal(sw, name="s_bits")
         space, log2w = Signal(3, name="s_space"), Signal(3, name="s_log2w")
-        # Per group: (row part, K part, memory space, log2 of the element width).
-        parts = {"a": (self._a_row(f, r_g), pos.ka, f.a_space, f.a_w),
-                 "b": (self._b_row(f, r_g, self._b_cells(f, r_g), pos.bias), pos.kb,
-                       Mux(pos.bias, f.bias_space, f.b_space), Mux(pos.bias, 5, f.b_w))}
+        # Per group: (K part, memory space, log2 of the element width).
+        parts = {"a": (pos.ka, f.a_space, f.a_w),
+                 "b": (pos.kb, Mux(pos.bias, f.bias_space, f.b_space), Mux(pos.bias, 5, f.b_w))}
         if scaled:
-            parts.update(sa=(self._sa_row(f, r_g), pos.ksa, f.sa_space, 3),
-                         sb=(self._sb_row(f, r_g), pos.ksb, f.sb_space, 3))
-        with m.Switch(r_group):
+            parts.update(sa=(pos.ksa, f.sa_space, 3), sb=(pos.ksb, f.sb_space, 3))
+        with m.Switch(p.group):
             for g, (name, _) in enumerate(groups):
                 with m.Case(g):
-                    row_part, k_part, sp, w = parts[name]
-                    m.d.comb += [bits.eq(row_part + k_part), space.eq(sp), log2w.eq(w)]
+                    k_part, sp, w = parts[name]
+                    m.d.comb += [bits.eq(p_row + k_part), space.eq(sp), log2w.eq(w)]
         with m.If(go):
-            m.d.sync += [a_valid.eq(r_valid), a_lane.eq(r_lane), a_group.eq(r_group),
-                         a_index.eq(r_index), a_need.eq(r_need), a_addr.eq(bits[6:]),
+            m.d.sync += [a_valid.eq(p.valid), a_lane.eq(p.lane), a_group.eq(p.group),
+                         a_index.eq(p.index), a_need.eq(p.need), a_addr.eq(bits[6:]),
                          a_off.eq(bits[:6]), a_space.eq(space), a_log2w.eq(log2w)]
 
-        # Lookup stage: the lane's word memory entry or the last word, else a read.
+        # Lookup stage: the lane's word memory entry or the last word, else a read.  Both
+        # hits are found a cycle ahead, in the address stage (the entry is read there), so
+        # that the lookup's ``done`` and ``go`` are a gate from registers.
+        a_tag = Cat(a_addr, a_space)
+        m.submodules.words = words = Memory(shape=64 + len(a_tag), depth=lanes, init=[])
+        held = words.read_port(domain="comb")
+        store = words.write_port()
+        held_ok = Signal(lanes, name="s_held_ok")       # entries written since start
+        last_word, last_tag = Signal(64, name="s_last_word"), Signal.like(a_tag, name="s_last_tag")
+        last_ok = Signal(name="s_last_ok")
         l_group = Signal.like(a_group, name="s_look_group")
         l_index = Signal.like(a_index, name="s_look_index")
         l_addr, l_off = Signal.like(a_addr, name="s_look_word"), Signal.like(a_off, name="s_look_off")
         l_space, l_log2w = Signal(3, name="s_look_space"), Signal(3, name="s_look_log2w")
         l_need = Signal(name="s_look_need")
-        with m.If(go):
-            m.d.sync += [l_valid.eq(a_valid), l_lane.eq(a_lane), l_group.eq(a_group),
-                         l_index.eq(a_index), l_addr.eq(a_addr), l_off.eq(a_off),
-                         l_space.eq(a_space), l_log2w.eq(a_log2w), l_need.eq(a_need)]
-
+        l_held = Signal(64, name="s_look_held")
+        lane_hit, last_hit = Signal(name="s_lane_hit"), Signal(name="s_last_hit")
         tag = Cat(l_addr, l_space)
-        m.submodules.words = words = Memory(shape=64 + len(tag), depth=lanes, init=[])
-        held = words.read_port(domain="comb")
-        store = words.write_port()
-        held_ok = Signal(lanes, name="s_held_ok")       # entries written since start
-        last_word, last_tag = Signal(64, name="s_last_word"), Signal.like(tag, name="s_last_tag")
-        last_ok = Signal(name="s_last_ok")
-        m.d.comb += held.addr.eq(l_lane)
-        lane_hit = held_ok.bit_select(l_lane, 1) & (held.data[64:] == tag)
-        last_hit = last_ok & (last_tag == tag)
-        word = Mux(lane_hit, held.data[:64], last_word)
         done, used = Signal(name="s_look_done"), Signal(name="s_look_used")
         m.d.comb += [done.eq(l_valid & (~l_need | lane_hit | last_hit)),
                      used.eq(done & l_need), go.eq(~l_valid | done)]
+        # The last word changes only to the lookup's own word (when it is used, or read).
+        refresh = used | self.rsp.valid
+        m.d.comb += held.addr.eq(a_lane)
+        with m.If(go):
+            m.d.sync += [l_valid.eq(a_valid), l_lane.eq(a_lane), l_group.eq(a_group),
+                         l_index.eq(a_index), l_addr.eq(a_addr), l_off.eq(a_off),
+                         l_space.eq(a_space), l_log2w.eq(a_log2w), l_need.eq(a_need),
+                         l_held.eq(held.data[:64]),
+                         lane_hit.eq(held_ok.bit_select(a_lane, 1) & (held.data[64:] == a_tag)),
+                         last_hit.eq(Mux(refresh, a_tag == tag,
+                                         last_ok & (a_tag == last_tag)))]
+        with m.Elif(self.rsp.valid):
+            m.d.sync += last_hit.eq(1)
+
         # A word found becomes the last word (the next lane often needs it: the other row
         # of a CUBE_M32 word, the next element of a row-major row) and the lane's entry.
+        word = Mux(lane_hit, l_held, last_word)
         m.d.comb += [store.addr.eq(l_lane), store.data.eq(Cat(last_word, tag)),
                      store.en.eq(used & ~lane_hit)]
         with m.If(used):
             m.d.sync += [last_word.eq(word), last_tag.eq(tag), last_ok.eq(1),
                          held_ok.eq(held_ok | (Const(1, lanes) << l_lane)[:lanes])]
 
-        # The element into its place in the beat register.
+        # Element stage: the element into its place in the beat register, a cycle after
+        # its lookup.  An element is aligned to its width (4 bits or more), so its offset
+        # in the word's half is a whole number of nibbles.
+        e_used, e_last = Signal(name="s_elem_used"), Signal(name="s_elem_last")
+        e_half, e_nibble = Signal(32, name="s_elem_half"), Signal(3, name="s_elem_nibble")
+        e_log2w = Signal(3, name="s_elem_log2w")
+        e_group = Signal.like(l_group, name="s_elem_group")
+        e_index = Signal.like(l_index, name="s_elem_index")
+        m.d.sync += [e_used.eq(used), e_last.eq(done & (l_lane == lanes - 1)),
+                     e_half.eq(Mux(l_off[5], word[32:], word[:32])), e_nibble.eq(l_off[2:5]),
+                     e_log2w.eq(l_log2w), e_group.eq(l_group), e_index.eq(l_index)]
         targets = {"a": out.a, "b": out.b}
         if scaled:
             targets.update(sa=out.a_scale, sb=out.b_scale)
-        half = Mux(l_off[5], word[32:], word[:32])
-        element = extract(half, l_off[:5], l_log2w, 32)
-        with m.If(used):
+        element = extract(e_half, Cat(Const(0, 2), e_nibble), e_log2w, 32)
+        with m.If(e_used):
             for g, (name, count) in enumerate(groups):
-                with m.If(l_group == g):
-                    with m.Switch(l_index):
+                with m.If(e_group == g):
+                    with m.Switch(e_index):
                         for index in range(count):
                             with m.Case(index):
                                 m.d.sync += targets[name][index].eq(element)
-        last_done = done & (l_lane == lanes - 1)
-        none_left = gathering & (issue == lanes) & ~r_valid & ~a_valid & ~l_valid
-        with m.If(last_done | none_left):
+        none_left = (gathering & (issue == lanes) & ~r_valid & ~c.valid & ~p.valid & ~a_valid
+                     & ~l_valid & ~e_last)
+        with m.If(e_last | none_left):
             m.d.sync += [gathering.eq(0), out_valid.eq(1),
                          out.a_type.eq(Mux(pos.bias, int(DataType.FP32), f.a_type)),
                          out.b_type.eq(Mux(pos.bias, int(DataType.FP32), f.b_type)),
