@@ -613,7 +613,7 @@ class TileStore(wiring.Component):
         f_value = Signal(64)                    # the answer of a descriptor, feature-map,
         #                                         GPR or system-register read
         # The implicit flags' geometry (HOST_READ): log2 of the physical columns, etc.
-        f_pc_log, f_pc_mask = Signal(5), Signal(16)
+        f_pc_log, f_pc_mask = Signal(5, name="f_pc_log"), Signal(16, name="f_pc_mask")
         f_rows, f_cols = Signal(16), Signal(16)
         implicit_word = _implicit_word(m, synth_rows, synth_cols, f_pc_log, "implicit_word")
 
@@ -655,10 +655,14 @@ class TileStore(wiring.Component):
             with m.State("HOST_FACTS"):
                 m.d.comb += busy.eq(1)
                 m.next = "HOST"
+                # log2 of a power-of-two column count, else 0: each bit an OR of the count's
+                # bits, not 16 compares in a priority chain (9 LUT levels after the block
+                # RAM's output, the unit's longest path in `ptocube synth --paths`).
+                cols = le.desc.phys_cols
                 pc_log = Signal(5)
-                for b in range(16):
-                    with m.If(le.desc.phys_cols == (1 << b)):
-                        m.d.comb += pc_log.eq(b)
+                m.d.comb += pc_log.eq(Mux((cols & (cols - 1)) == 0, Cat(
+                    *(Cat(*(cols[b] for b in range(16) if b >> k & 1)).any() for k in range(4))),
+                    0))
                 m.d.sync += [
                     f_bad_space.eq(space > MemSpace.SHARED),
                     f_bad_index.eq(is_pe & (idx >= 64)
