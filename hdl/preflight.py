@@ -303,10 +303,12 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     pow2 = (phys_cols != 0) & ((phys_cols & (phys_cols - 1)) == 0)
+    # log2 of the columns as OR trees of their bits: exact for a power of two, and any other
+    # count fails ``pow2`` whatever ``lc`` says (a 16-deep priority chain was the longest
+    # path after the descriptor memories, ``ptocube synth --paths``).
     lc = Signal(4, name=f"{name}_lc")
-    for i in range(16):
-        with m.If(phys_cols[i]):
-            m.d.comb += lc.eq(i)
+    m.d.comb += lc.eq(Cat(*(Cat(*(phys_cols[i] for i in range(16) if i >> k & 1)).any()
+                            for k in range(4))))
     e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
     m.d.comb += e.eq(lc + lb)
     max_cells = Mux(shared, 2048, 512)
