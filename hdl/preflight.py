@@ -71,7 +71,7 @@ from .tile_desc import (OperandRole, OutputRole, ParamSource, PlanLayout, Shared
 __all__ = ["Outcome", "Check", "Phase", "VerdictLayout", "TileReadSignature",
            "SharedReadSignature", "WordReadSignature", "GprReadSignature",
            "AllocQuerySignature", "Preflight", "ordinary_shape", "cube_shape", "img2col_job",
-           "IMG2COL_JOB_CYCLES"]
+           "IMG2COL_JOB_CYCLES", "one_hot_index"]
 
 
 class Outcome(enum.Enum, shape=2):
@@ -278,9 +278,15 @@ def _lowest(m, vector, width, name, above=None):
     above_mask = Const(-1, width) if above is None else Cat(*(above < i for i in range(width)))
     m.d.comb += [candidates.eq(vector & above_mask), lowest.eq(candidates & (~candidates + 1)),
                  found.eq(candidates.any())]
-    m.d.comb += index.eq(Cat(*(Cat(*(lowest[i] for i in range(width) if i >> b & 1)).any()
-                               for b in range(len(index)))))
+    m.d.comb += index.eq(one_hot_index(lowest, width))
     return found, index
+
+
+def one_hot_index(value, width):
+    """The position of the set bit of a one-hot ``value`` of ``width`` bits, one OR tree per
+    bit of the position (with several bits set: the OR of their positions)."""
+    return Cat(*(Cat(*(value[i] for i in range(width) if i >> k & 1)).any()
+                 for k in range(max(1, (width - 1).bit_length()))))
 
 
 def _no_cut(value, name):
@@ -307,8 +313,7 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     # count fails ``pow2`` whatever ``lc`` says (a 16-deep priority chain was the longest
     # path after the descriptor memories, ``ptocube synth --paths``).
     lc = Signal(4, name=f"{name}_lc")
-    m.d.comb += lc.eq(Cat(*(Cat(*(phys_cols[i] for i in range(16) if i >> k & 1)).any()
-                            for k in range(4))))
+    m.d.comb += lc.eq(one_hot_index(phys_cols, 16))
     e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
     m.d.comb += e.eq(lc + lb)
     max_cells = Mux(shared, 2048, 512)

@@ -55,7 +55,7 @@ from .host import (DESC_PART_BASE, DESC_PART_UNDEFINED, FM_PARTS, HostCommandLay
 from .img2col import FEATURE_MAP_DESCRIPTOR, source_index_width
 from .img2col_engine import DestinationWriteLayout, SourceResponseLayout
 from .preflight import (AllocQuerySignature, GprReadSignature, SharedReadSignature,
-                        TileReadSignature, WordReadSignature)
+                        TileReadSignature, WordReadSignature, one_hot_index)
 from .tile_desc import OutputRole, PlanLayout, SharedDescLayout, TileDescLayout, TileLocation
 from .tile_port import MemSpace, TilePortSignature, cell_addr_width, word_addr_width
 
@@ -660,9 +660,7 @@ class TileStore(wiring.Component):
                 # RAM's output, the unit's longest path in `ptocube synth --paths`).
                 cols = le.desc.phys_cols
                 pc_log = Signal(5)
-                m.d.comb += pc_log.eq(Mux((cols & (cols - 1)) == 0, Cat(
-                    *(Cat(*(cols[b] for b in range(16) if b >> k & 1)).any() for k in range(4))),
-                    0))
+                m.d.comb += pc_log.eq(Mux((cols & (cols - 1)) == 0, one_hot_index(cols, 16), 0))
                 m.d.sync += [
                     f_bad_space.eq(space > MemSpace.SHARED),
                     f_bad_index.eq(is_pe & (idx >= 64)
