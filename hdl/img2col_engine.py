@@ -48,7 +48,7 @@ PEs selected, the top level runs one job per PE and publishes all of them only w
 job committed.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -58,7 +58,8 @@ from ..model.faults import FaultClass
 from ..model.img2col import FeatureMapLayout
 from ..model.layout import Layout
 from .config import CubeConfig
-from .img2col import (EXTENT_WIDTH, FEATURE_MAP_DESCRIPTOR, FM_PARTS, DivMod,
+from .decoder import SkidBuffer
+from .img2col import (AddressLayout, EXTENT_WIDTH, FEATURE_MAP_DESCRIPTOR, FM_PARTS, DivMod,
                       FeatureMapPartLayout, Img2ColAddressGenerator, MulAdd, SerialProgram,
                       source_index_width)
 
@@ -218,7 +219,7 @@ class Img2ColEngine(wiring.Component):
     ----------
     preflight_cycles : int
         Cycles of the preflight program (set when the component is elaborated).  A failing
-        preflight check ends the job ``preflight_cycles + 3`` cycles after it was accepted.
+        preflight check ends the job ``preflight_cycles + 4`` cycles after it was accepted.
     """
 
     def __init__(self, config: CubeConfig = CubeConfig(), *, fifo_depth: int = 4,
@@ -252,6 +253,13 @@ class Img2ColEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.gen = gen = Img2ColAddressGenerator(self.config, radix_bits=self.radix_bits)
+        # The walk's counters advance on a registered ready: without this buffer the
+        # pending queue's head decided, through the source port's stall and the request
+        # handshake, whether the walk moved, all in one cycle (issue #9, decision E19).
+        # An abort empties it with the generator.
+        m.submodules.walked = walked = ResetInserter(gen.abort)(
+            SkidBuffer(AddressLayout(self.index_width)))
+        wiring.connect(m, gen.out, walked.i)
         m.submodules.pending = pending = SyncFIFO(width=_PendingLayout.size,
                                                   depth=self.fifo_depth)
 
@@ -289,15 +297,15 @@ class Img2ColEngine(wiring.Component):
 
         # Issue side: every generated element enters the pending queue; a real one also
         # becomes a source read.  A request once offered stays offered until accepted.
-        element = gen.out.payload
+        element = walked.o.payload
         faulted = Signal(name="faulted")        # a referenced element was undefined
         copying = Signal(name="copying")
         m.d.comb += [
             self.src_req.payload.eq(element.index),
-            self.src_req.valid.eq(copying & gen.out.valid & ~element.pad & pending.w_rdy),
-            gen.out.ready.eq(copying & pending.w_rdy
-                             & Mux(element.pad, ~faulted, self.src_req.ready)),
-            pending.w_en.eq(gen.out.valid & gen.out.ready),
+            self.src_req.valid.eq(copying & walked.o.valid & ~element.pad & pending.w_rdy),
+            walked.o.ready.eq(copying & pending.w_rdy
+                              & Mux(element.pad, ~faulted, self.src_req.ready)),
+            pending.w_en.eq(walked.o.valid & walked.o.ready),
             pending.w_data.eq(Cat(element.pad, element.row_last, element.last)),
             # After a fault, stop the walk - but not while a request is still on offer.
             gen.abort.eq(copying & faulted & ~(self.src_req.valid & ~self.src_req.ready)),
@@ -355,7 +363,12 @@ class Img2ColEngine(wiring.Component):
             with m.State("PREFLIGHT"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(~program.busy):
-                    m.next = "CHECK"
+                    m.next = "VERDICT"
+            with m.State("VERDICT"):
+                # The comparisons take the program's last results in this cycle; the first
+                # failure follows them at the next edge.
+                m.d.comb += self.busy.eq(1)
+                m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(first_failure != Img2ColCheck.NONE):
@@ -373,7 +386,7 @@ class Img2ColEngine(wiring.Component):
                 with m.If(written & head.last):
                     m.d.sync += copying.eq(0)
                     finish(Img2ColCheck.NONE)
-                with m.If(faulted & ~pending.r_rdy & ~gen.busy):
+                with m.If(faulted & ~pending.r_rdy & ~gen.busy & (walked.level == 0)):
                     m.d.sync += copying.eq(0)
                     finish(Img2ColCheck.UNDEFINED)
             with m.State("DONE"):
@@ -386,9 +399,9 @@ class Img2ColEngine(wiring.Component):
         """Preflight arithmetic and checks; returns (program, outH, outW, first failure,
         empty window).
 
-        The first failure is a register: it follows the check conditions one cycle behind,
-        so it holds the verdict on the program's final results in the cycle after the
-        program ends.  Facts of the job alone are registered as they settle during the
+        The first failure is a register two stages behind the program's results (their
+        comparisons, then the priority select), so it holds the verdict on the final results
+        two cycles after the program ends.  Facts of the job alone are registered as they settle during the
         program (they are stable from the job's acceptance on).
         """
         index_width = self.index_width
@@ -457,10 +470,17 @@ class Img2ColEngine(wiring.Component):
         # The registered facts must have settled before the verdict is taken.
         assert program.cycles > settle + 1
 
-        feature_map_ok = (job_facts["fm_fields_ok"] & (fm.logical_channels <= c1c0)
-                          & (physical <= job.src_elements))
-        shape_ok = (padded_h > rec_h) & (padded_w > rec_w)
-        window_ok = (window_ends[0] <= rows) & (window_ends[1] <= cols)
+        # The comparisons with the program's results are registered before the priority
+        # select: both in one cycle made the engine's longest path (issue #9, decision E20).
+        feature_map_ok = Signal(name="feature_map_ok")
+        shape_ok = Signal(name="output_shape_ok")
+        window_ok = Signal(name="window_ok")
+        m.d.sync += [
+            feature_map_ok.eq(job_facts["fm_fields_ok"] & (fm.logical_channels <= c1c0)
+                              & (physical <= job.src_elements)),
+            shape_ok.eq((padded_h > rec_h) & (padded_w > rec_w)),
+            window_ok.eq((window_ends[0] <= rows) & (window_ends[1] <= cols)),
+        ]
 
         first_failure = Signal(Img2ColCheck, name="first_failure")
         failure = Signal(Img2ColCheck, name="first_failure_comb")

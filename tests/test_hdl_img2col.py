@@ -723,7 +723,7 @@ def test_engine_reaches_every_fault_check():
         assert got.commit == (check is Img2ColCheck.NONE)
         if check not in (Img2ColCheck.NONE, Img2ColCheck.UNDEFINED):
             # A preflight fault ends the job at a fixed time, before any memory access.
-            assert got.cycles == dut.preflight_cycles + 3 and got.reads == 0
+            assert got.cycles == dut.preflight_cycles + 4 and got.reads == 0
     assert {got.check for _, got in runs["faults"]} == set(Img2ColCheck)
 
 
