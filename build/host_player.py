@@ -86,7 +86,8 @@ class HostCommandPlayer(wiring.Component):
     passed : Out(1)    with ``done``: every check matched.
     step : Out         the step being played; after a failure, the one that failed.
 
-    Timing: a step takes two cycles (ROM fetch, then the transfer) plus the unit's wait.
+    Timing: a step takes three cycles (ROM fetch, its register, then the transfer) plus the
+    unit's wait, and a checked step one more (the comparison, from registers).
     """
 
     def __init__(self, shapes: dict, steps: list, *, status_mask: int | None = None,
@@ -129,18 +130,27 @@ class HostCommandPlayer(wiring.Component):
         pc = self.step
         expect_at = Signal(range(len(expected) + 1))
         m.d.comb += [fetch.addr.eq(pc), expect.addr.eq(expect_at)]
-        step = fetch.data
+        # The ROMs' outputs (block RAMs without their output registers) and the unit's answer
+        # are registered before they are compared or decoded, so that the player's own paths
+        # stay shorter than the unit's (issue #9, decision F33).
+        step = Signal(entry, name="step_q")
+        expect_q = Signal(self._expect_width, name="expect_q")
+        got = Signal(self._expect_width, name="got")
+        got_mask = Signal(self._expect_width, name="got_mask")
+        m.d.sync += expect_q.eq(expect.data)
         m.d.comb += [Value.cast(self.host_cmd.payload).eq(step.bits),
                      Value.cast(self.parcels.payload).eq(step.bits)]
         rsp = Value.cast(self.host_rsp.payload)
         status = Value.cast(self.status.payload)
-        rsp_ok = rsp == expect.data[:len(rsp)]
-        status_ok = ((status ^ expect.data[:len(status)]) & self.status_mask) == 0
+        matched = ((got ^ expect_q) & got_mask) == 0
 
         waited = Signal(range(self.timeout + 1))
         with m.FSM():
             with m.State("FETCH"):
                 m.d.sync += waited.eq(0)
+                m.next = "LOAD"
+            with m.State("LOAD"):
+                m.d.sync += step.eq(fetch.data)
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.sync += waited.eq(waited + 1)
@@ -158,12 +168,8 @@ class HostCommandPlayer(wiring.Component):
                 with m.Elif(step.kind == StepKind.STATUS):
                     m.d.comb += self.status.ready.eq(1)
                     with m.If(self.status.valid):
-                        m.d.sync += expect_at.eq(expect_at + 1)
-                        with m.If(status_ok):
-                            m.d.sync += pc.eq(pc + 1)
-                            m.next = "FETCH"
-                        with m.Else():
-                            m.next = "FAILED"
+                        m.d.sync += [got.eq(status), got_mask.eq(self.status_mask)]
+                        m.next = "COMPARE"
                 with m.Else():
                     m.next = "PASSED"
             with m.State("RESPONSE"):
@@ -172,12 +178,19 @@ class HostCommandPlayer(wiring.Component):
                 with m.If(waited == self.timeout):
                     m.next = "FAILED"
                 with m.Elif(self.host_rsp.valid):
-                    m.d.sync += expect_at.eq(expect_at + step.check)
-                    with m.If(~step.check | rsp_ok):
+                    m.d.sync += [got.eq(rsp), got_mask.eq((1 << len(rsp)) - 1)]
+                    with m.If(step.check):
+                        m.next = "COMPARE"
+                    with m.Else():
                         m.d.sync += pc.eq(pc + 1)
                         m.next = "FETCH"
-                    with m.Else():
-                        m.next = "FAILED"
+            with m.State("COMPARE"):
+                m.d.sync += expect_at.eq(expect_at + 1)
+                with m.If(matched):
+                    m.d.sync += pc.eq(pc + 1)
+                    m.next = "FETCH"
+                with m.Else():
+                    m.next = "FAILED"
             with m.State("PASSED"):
                 m.d.comb += [self.done.eq(1), self.passed.eq(1)]
             with m.State("FAILED"):
