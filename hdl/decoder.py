@@ -363,7 +363,6 @@ class InstructionMatcher(Elaboratable):
             ]
         return m
 
-
     def legal_winner(self, forms, condition=None):
         """Whether the winner is one of ``forms``, its constraints hold and, if given,
         ``condition(form)`` (an expression of :attr:`stage_word`) holds for it.
@@ -766,9 +765,11 @@ class BundleDecoder(wiring.Component):
         ios = legal_as([isa.Role.IOS], lambda form: ~zero(form))
         dim = legal_as([isa.Role.DIM, isa.Role.DIMI])
         # The LB register a B.DIM (one per form) or C.B.DIMI (its LoopNest) writes, one-hot.
-        dim_lb = Cat(legal_as([isa.Role.DIM], lambda form: Const(int(isa.dim_lb_index(form) == k))) |
-                     legal_as([isa.Role.DIMI], lambda form: field_of(form, "LoopNest") == k)
-                     for k in range(3))
+        def writes_lb(k):
+            return (legal_as([isa.Role.DIM], lambda form: Const(int(isa.dim_lb_index(form) == k))) |
+                    legal_as([isa.Role.DIMI], lambda form: field_of(form, "LoopNest") == k))
+
+        dim_lb = Cat(writes_lb(k) for k in range(3))
         header_roles = (isa.Role.CATR, isa.Role.HINT, isa.Role.DATR, isa.Role.FPATR,
                         isa.Role.DIM, isa.Role.DIMI, isa.Role.IOT, isa.Role.IOS, isa.Role.IOR)
         with m.If(load):
@@ -948,7 +949,8 @@ class BundleDecoder(wiring.Component):
                          record.index.eq(step_index), record.kind.eq(_HeldKind.DROP)]
         with m.Else():
             m.d.comb += [
-                record_valid.eq(go & emit), record.fault.eq(emit_fault), record.index.eq(d.index),
+                record_valid.eq(go & emit), record.fault.eq(emit_fault),
+                record.index.eq(d.index),
                 record.needs_verdict.eq(commit & starts & commit_ok),
                 record.kind.eq(Mux(d.hole | d.indirect, _HeldKind.KEEP,
                                    Mux(d.other_start, _HeldKind.TO_ILLEGAL,
@@ -969,11 +971,10 @@ class BundleDecoder(wiring.Component):
         with m.If(~spare_valid):
             m.d.sync += spare.eq(record)
 
-        with m.If(taken & out.needs_verdict):
-            m.d.sync += pending.eq(1)
-        with m.Elif(squash_now | (pending & self.o.ready & ~squashing)):
-            m.d.sync += [pending.eq(self.squash), squashing.eq(self.squash)]
-        with m.Elif(squashing):
+        # The fix-up is tested first: it depends on registers only, so the late ``o.ready`` and
+        # ``squash`` stay off the enables of the state and the output registers (while
+        # ``squashing``, nothing is taken and no verdict is due).
+        with m.If(squashing):
             m.d.sync += [pending.eq(0), squashing.eq(0)]
             # The start that ended the squashed record opens nothing: what the state machine
             # did since is redone as the model does it from SKIP.
@@ -986,6 +987,10 @@ class BundleDecoder(wiring.Component):
             with m.Elif(out.kind == _HeldKind.TO_ILLEGAL):
                 m.d.sync += [out.fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
                              out.needs_verdict.eq(0), second.eq(0)]
+        with m.Elif(taken & out.needs_verdict):
+            m.d.sync += pending.eq(1)
+        with m.Elif(squash_now | (pending & self.o.ready)):
+            m.d.sync += [pending.eq(self.squash), squashing.eq(self.squash)]
 
         is_fault = out.fault != FaultClass.NONE
         m.d.comb += [
