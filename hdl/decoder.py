@@ -282,6 +282,8 @@ class InstructionMatcher(Elaboratable):
     matched, legal : Signal(), out -- some form matches; it matches and its constraints hold.
     form : Signal, out -- catalog index (:data:`isa.FORMS`) of the winning form.
     role : dict of :class:`isa.Role` -> Signal(), out -- the winning form's role.
+    win, ok : Signal(len(isa.DECODE_ORDER)), out -- per form of :data:`isa.DECODE_ORDER`: it
+        wins (at most one bit is set); its constraints hold.
     """
 
     def __init__(self, field_names=(), form_values=None, *, registered=False):
@@ -294,6 +296,8 @@ class InstructionMatcher(Elaboratable):
         self.legal = Signal()
         self.form = Signal(range(len(isa.FORMS)))
         self.role = {role: Signal(name=f"role_{role.name.lower()}") for role in isa.Role}
+        self.win = Signal(len(isa.DECODE_ORDER))
+        self.ok = Signal(len(isa.DECODE_ORDER))
         widths = {}
         for form in isa.FORMS:
             for f in form.fields:
@@ -312,7 +316,7 @@ class InstructionMatcher(Elaboratable):
         order = isa.DECODE_ORDER
         # Bit k of each vector belongs to form ``order[k]``.
         hit = Signal(len(order))
-        ok = Signal(len(order))
+        ok = self.ok
         hit_now = Cat((self.length == form.length // 16 - 1) &
                       _any((self.word[:form.length] & enc.mask) == enc.match
                            for enc in form.encodings)
@@ -326,7 +330,7 @@ class InstructionMatcher(Elaboratable):
         word = self.stage_word
 
         # A form wins when it hits and no earlier form that can match the same word does.
-        win = Signal(len(order))
+        win = self.win
         m.d.comb += win.eq(Cat(
             hit[k] & ~_any(hit[j] for j in range(k) if _overlap(order[j], form))
             for k, form in enumerate(order)))
@@ -358,6 +362,30 @@ class InstructionMatcher(Elaboratable):
                 self.has[name].eq(_any(present.values())),
             ]
         return m
+
+    def legal_winner(self, forms, condition=None):
+        """Whether the winner is one of ``forms``, its constraints hold and, if given,
+        ``condition(form)`` (an expression of :attr:`stage_word`) holds for it.
+
+        A flat OR of per-form terms: each form's fields are taken from its own pieces, so no
+        term waits for the selected role or fields (a shallower path than combining
+        :attr:`legal`, :attr:`role` and :attr:`fields`; the result is the same because at most
+        one form wins).
+        """
+        order = isa.DECODE_ORDER
+        terms = []
+        for form in forms:
+            k = order.index(form)
+            term = self.win[k] & self.ok[k]
+            if condition is not None:
+                term = term & condition(form)
+            terms.append(term)
+        return _any(terms)
+
+    def field_of(self, form, name):
+        """Field ``name`` of the stage word as ``form`` places it."""
+        field = form.field(name)
+        return _extract(self.stage_word, field.pieces)[:field.width]
 
 
 def _overlap(a, b) -> bool:
@@ -486,13 +514,13 @@ def _decoded_layout(index_width):
 
 
 _MATCHED_FIELDS = (
-    "DataType", "Mode", "Function",
+    "DataType",
     "CMode", "PadValueOrByteId", "Sat", "Canonicalize", "RMode", "Layout",
     "PreQuantMode", "ReluMode", "GroupNCode", "RowMaxEn", "GroupMaxEn", "RowMaxInit",
     "MaxAbsEn", "TransA", "TransB",
-    "uimm17", "LoopNest", "imm8",
+    "uimm17", "imm8",
     "SrcTile0", "SrcTile1", "L", "SizeCode", "PEMode", "DstTile", "SharedTID",
-    "RegSrc0", "RegSrc1", "RegSrc2", "RegDst", "DR", "trap", "BrType",
+    "RegSrc0", "RegSrc1", "RegSrc2", "RegDst", "DR",
 )
 
 
@@ -603,8 +631,6 @@ class BundleDecoder(wiring.Component):
         # the instruction's index and end flag.  Stage D: the decoded instruction ``d``.
         matcher = m.submodules.matcher = InstructionMatcher(_MATCHED_FIELDS, {
             "op": (6, lambda f: f.operation.value if f.role is isa.Role.MATRIX_START else None),
-            "lb": (2, lambda f: isa.dim_lb_index(f) if f.role is isa.Role.DIM else None),
-            "indirect": (1, lambda f: int(f.form_id in INDIRECT_START_FORMS)),
         }, registered=True)
         m_valid, m_index, m_end = Signal(), Signal(self.index_width), Signal()
         d = Signal(_decoded_layout(self.index_width))
@@ -662,25 +688,59 @@ class BundleDecoder(wiring.Component):
                              if form.role is isa.Role.DIM}
         reg_src = _extract(matcher.stage_word, reg_src_pieces)
 
-        selector = Cat(f["Function"], f["Mode"])
-        assigned = _table_lookup(isa.TEPL_OPERATIONS, selector, 7)
-        timg2col = selector == isa.TIMG2COL_SELECTOR
+        # The kind flags are flat ORs over the forms of one role, each form's term testing its
+        # own fields (``matcher.legal_winner``), not the selected role and fields in series.
+        field_of = matcher.field_of
+
+        def legal_as(roles, condition=None):
+            return ~end & matcher.legal_winner(
+                [form for form in isa.DECODE_ORDER if form.role in roles], condition)
+
+        def selector(form):
+            return Cat(field_of(form, "Function"), field_of(form, "Mode"))
+
+        def hole(form):
+            """BSTART.TEPL with an unassigned selector."""
+            if form.role is not isa.Role.TEPL_START:
+                return Const(0)
+            return ~_table_lookup(isa.TEPL_OPERATIONS, selector(form), 7)
+
+        def indirect(form):
+            """A start whose transfer reads the retiring bundle's BPCN (unless a hole)."""
+            if form.form_id in INDIRECT_START_FORMS:
+                return Const(1)
+            if "BrType" in form.field_names:
+                return _table_lookup(INDIRECT_BRTYPES, field_of(form, "BrType"), 3)
+            return Const(0)
+
+        def regular(form):
+            return ~hole(form) & ~indirect(form)
+
+        def timg2col(form):
+            return selector(form) == isa.TIMG2COL_SELECTOR
+
+        def zero(form):
+            """A binding with PEMode 0 (a strict no-op)."""
+            if form.role not in (isa.Role.IOT, isa.Role.IOS):
+                return Const(0)
+            return field_of(form, "PEMode") == 0
+
+        def fpatr_bad(form):
+            """B.FPATR field consistency (Fault_TileLegality at the B.FPATR) needs no state."""
+            row_max, group_max = field_of(form, "RowMaxEn"), field_of(form, "GroupMaxEn")
+            return ((field_of(form, "RowMaxInit") & ~row_max) |
+                    (group_max != (field_of(form, "GroupNCode") != 0)) |
+                    (field_of(form, "MaxAbsEn") & ~(row_max | group_max)))
+
         tepl = role[isa.Role.TEPL_START]
         pe_mask = _pe_mask_table()[f["PEMode"]]
-        binding = role[isa.Role.IOT] | role[isa.Role.IOS]
-        zero = binding & (f["PEMode"] == 0)
-        legal = ~end & matcher.legal
-        # B.FPATR field consistency (Fault_TileLegality at the B.FPATR) needs no state.
-        fpatr_bad = ((f["RowMaxInit"] & ~f["RowMaxEn"]) |
-                     (f["GroupMaxEn"] != (f["GroupNCode"] != 0)) |
-                     (f["MaxAbsEn"] & ~(f["RowMaxEn"] | f["GroupMaxEn"])))
 
         # The header checks that compare with the open bundle's lists and masks are made here,
         # against the bundle as it will be when this instruction reaches the state machine:
         # the instruction the state machine takes now (``consume``) is forwarded - a start
         # that opens a bundle clears it, a binding records its mask and SharedTID.  Each check
         # is prepared both ways and the late ``consume`` only picks one.
-        iot = legal & role[isa.Role.IOT] & ~zero
+        iot = legal_as([isa.Role.IOT], lambda form: ~zero(form))
         # The PEMode and SharedTID bits of the binding forms (one placement each), taken before
         # the match is known.
         (pemode_pieces,) = {form.field("PEMode").pieces for form in isa.FORMS
@@ -700,41 +760,43 @@ class BundleDecoder(wiring.Component):
                           ios_differs_now)
         duplicate = Mux(consume, ~new_bundle & (stored | (out.ios & (out.tid == tid))), stored)
 
-        start = legal & (role[isa.Role.MATRIX_START] | tepl | role[isa.Role.OTHER_START] |
-                         role[isa.Role.TRACE_START])
-        hole = start & tepl & ~assigned
-        indirect = start & ~hole & (matcher.values["indirect"] |
-                                    (has["BrType"] &
-                                     _table_lookup(INDIRECT_BRTYPES, f["BrType"], 3)))
-        regular_start = start & ~hole & ~indirect
-        ios = legal & role[isa.Role.IOS] & ~zero
-        dim = legal & (role[isa.Role.DIM] | role[isa.Role.DIMI])
-        lb_onehot = 1 << Mux(role[isa.Role.DIMI], f["LoopNest"], matcher.values["lb"])
+        start_roles = (isa.Role.MATRIX_START, isa.Role.TEPL_START, isa.Role.OTHER_START,
+                       isa.Role.TRACE_START)
+        ios = legal_as([isa.Role.IOS], lambda form: ~zero(form))
+        dim = legal_as([isa.Role.DIM, isa.Role.DIMI])
+        # The LB register a B.DIM (one per form) or C.B.DIMI (its LoopNest) writes, one-hot.
+        def writes_lb(k):
+            return (legal_as([isa.Role.DIM], lambda form: Const(int(isa.dim_lb_index(form) == k))) |
+                    legal_as([isa.Role.DIMI], lambda form: field_of(form, "LoopNest") == k))
+
+        dim_lb = Cat(writes_lb(k) for k in range(3))
         header_roles = (isa.Role.CATR, isa.Role.HINT, isa.Role.DATR, isa.Role.FPATR,
                         isa.Role.DIM, isa.Role.DIMI, isa.Role.IOT, isa.Role.IOS, isa.Role.IOR)
         with m.If(load):
             m.d.sync += [
                 out.index.eq(index),
                 out.end.eq(end),
-                out.reject.eq(~end & (~matcher.legal | role[isa.Role.OTHER_COMMAND])),
-                out.hole.eq(hole),
-                out.indirect.eq(indirect),
-                out.open_matrix.eq(regular_start & role[isa.Role.MATRIX_START]),
-                out.open_timg2col.eq(regular_start & tepl & timg2col),
-                out.other_start.eq(regular_start & (role[isa.Role.OTHER_START] |
-                                                    role[isa.Role.TRACE_START] |
-                                                    (tepl & ~timg2col))),
-                out.stop.eq(legal & role[isa.Role.STOP]),
-                out.zero.eq(legal & zero),
-                out.header.eq(legal & ~zero & _any(role[r] for r in header_roles)),
-                out.catr.eq(legal & role[isa.Role.CATR]),
-                out.hint.eq(legal & role[isa.Role.HINT]),
-                out.datr.eq(legal & role[isa.Role.DATR]),
-                out.fpatr.eq(legal & role[isa.Role.FPATR]),
+                out.reject.eq(~end & ~legal_as(set(isa.Role) - {isa.Role.OTHER_COMMAND})),
+                out.hole.eq(legal_as([isa.Role.TEPL_START], hole)),
+                out.indirect.eq(legal_as(start_roles, lambda form: ~hole(form) & indirect(form))),
+                out.open_matrix.eq(legal_as([isa.Role.MATRIX_START], regular)),
+                out.open_timg2col.eq(legal_as([isa.Role.TEPL_START],
+                                              lambda form: regular(form) & timg2col(form))),
+                out.other_start.eq(legal_as([isa.Role.OTHER_START, isa.Role.TRACE_START],
+                                            regular) |
+                                   legal_as([isa.Role.TEPL_START],
+                                            lambda form: regular(form) & ~timg2col(form))),
+                out.stop.eq(legal_as([isa.Role.STOP])),
+                out.zero.eq(legal_as([isa.Role.IOT, isa.Role.IOS], zero)),
+                out.header.eq(legal_as(header_roles, lambda form: ~zero(form))),
+                out.catr.eq(legal_as([isa.Role.CATR])),
+                out.hint.eq(legal_as([isa.Role.HINT])),
+                out.datr.eq(legal_as([isa.Role.DATR])),
+                out.fpatr.eq(legal_as([isa.Role.FPATR])),
                 out.dim.eq(dim),
                 out.iot.eq(iot),
                 out.ios.eq(ios),
-                out.ior.eq(legal & role[isa.Role.IOR]),
+                out.ior.eq(legal_as([isa.Role.IOR])),
 
                 out.op.eq(Mux(tepl, Operation.TIMG2COL, matcher.values["op"])),
                 out.dtype.eq(f["DataType"]),
@@ -743,8 +805,8 @@ class BundleDecoder(wiring.Component):
                 out.fpatr_f.eq(Cat(f["PreQuantMode"], f["ReluMode"], f["GroupNCode"],
                                    f["RowMaxEn"], f["GroupMaxEn"], f["RowMaxInit"], f["MaxAbsEn"],
                                    f["TransA"], f["TransB"])),
-                out.fpatr_bad.eq(legal & role[isa.Role.FPATR] & fpatr_bad),
-                out.dim_lb.eq(Mux(dim, lb_onehot, 0)),
+                out.fpatr_bad.eq(legal_as([isa.Role.FPATR], fpatr_bad)),
+                out.dim_lb.eq(dim_lb),
                 out.dim_gpr.eq(gpr),
                 out.dim_reads_gpr.eq(role[isa.Role.DIM] & (reg_src != 0)),
                 out.dim_imm.eq(Mux(role[isa.Role.DIMI], f["imm8"], f["uimm17"][:16])),
@@ -756,7 +818,8 @@ class BundleDecoder(wiring.Component):
                 out.iot_differs.eq(iot_differs),
                 out.ios_differs.eq(ios_differs),
                 out.duplicate.eq(duplicate),
-                out.catr_trap.eq(legal & role[isa.Role.CATR] & f["trap"]),
+                out.catr_trap.eq(legal_as([isa.Role.CATR],
+                                          lambda form: field_of(form, "trap"))),
                 out.ior_f.eq(Cat(f["RegSrc0"], f["RegSrc1"], f["RegSrc2"], f["RegDst"])),
                 out.dr.eq(f["DR"]),
             ]
@@ -816,25 +879,35 @@ class BundleDecoder(wiring.Component):
         next_idle = d.end | d.stop | (d.zero & idle)
         next_state = Mux(next_open, _State.OPEN, Mux(next_idle, _State.IDLE, _State.SKIP))
 
-        # -- the output register and the verdict of records that a start ended --
+        # -- the output registers and the verdict of records that a start ended --
         # A descriptor record whose boundary was a start is *pending* from its transfer until
         # the consumer settles it: ``squash`` (the commit failed after decode) or ``o.ready``
         # without ``squash`` (committed), whichever comes first.  Meanwhile the state machine
         # runs on inside the bundle that start opened; the first record it completes there is
         # held (``o.valid`` low) and the state machine waits.  A squash is applied one cycle
         # later (``squashing``): it drops that bundle as the model's ``squash()`` does, fixing
-        # up the held record by ``out_kind``.
-        out_valid = Signal()
-        out_fault = Signal(2)       # the decoder reports fault classes 1..3 only
-        out_index = Signal(self.index_width)
-        out_bundle = Signal(self.record_layout.descriptor)
-        out_needs_verdict = Signal()
-        out_kind = Signal(_HeldKind)
+        # up the held record by its ``kind``.
+        # The records leave through a skid buffer (``out`` drives the port, ``spare`` catches
+        # a record completed while ``out`` stalls), so that the state machine's enable is a
+        # function of registers: the consumer's late ``o.ready`` reaches only the output
+        # registers and the verdict (decision H16).  A pending verdict keeps ``spare`` empty:
+        # the held record is always in ``out``.
+        entry = data.StructLayout({
+            "fault": 2,                 # the decoder reports fault classes 1..3 only
+            "index": self.index_width,
+            "bundle": self.record_layout.descriptor,
+            "needs_verdict": 1,
+            "kind": _HeldKind,
+        })
+        out, out_valid = Signal(entry), Signal()
+        spare, spare_valid = Signal(entry), Signal()
         pending = Signal()
         squashing = Signal()
         m.d.comb += self.o.valid.eq(out_valid & ~pending)
         taken = self.o.valid & self.o.ready
-        can_emit = ~out_valid | taken
+        # The state machine may complete a record: the spare entry is free and no record is
+        # held for a verdict.
+        room = ~spare_valid & ~(pending & out_valid)
         # An unsupported start that closes a bundle completes two records (the model returns
         # both from one step): the commit record, then Fault_IllegalInstruction at the start,
         # which waits here for one cycle.
@@ -843,10 +916,10 @@ class BundleDecoder(wiring.Component):
         # an unsupported start, even a failed one: a one-cycle bubble there is harmless), so
         # the state machine's enable needs one register less.
         busy = Signal()
-        go = d_valid & can_emit & ~busy
+        go = d_valid & room & ~busy
         m.d.comb += consume.eq(go)
         squash_now = pending & self.squash & ~squashing
-        m.d.sync += busy.eq((go & commit & d.other_start) | (second & ~can_emit) | squash_now)
+        m.d.sync += busy.eq((go & commit & d.other_start) | (second & ~room) | squash_now)
 
         with m.If(go):
             m.d.sync += state.eq(next_state)
@@ -861,53 +934,72 @@ class BundleDecoder(wiring.Component):
         with m.Elif(go):
             b.record(m, d)
 
-        # Registered raw: the fault code, the index and the descriptor snapshot (taken at
-        # every boundary); the record's conventions (zero descriptor in a fault record, zero
+        # The record completed in this cycle, raw: the fault code, the index and the
+        # descriptor snapshot (meaningful at a boundary, the only place a descriptor record
+        # is completed); the record's conventions (zero descriptor in a fault record, zero
         # index in a descriptor record) are applied combinationally at the port.
-        with m.If(go & (starts | d.stop | d.end)):
-            m.d.sync += b.descriptor_statements(out_bundle, d.index, commit_noop)
-        with m.If(second & can_emit):
-            # ``out_index`` still holds the start's index.
-            m.d.sync += [out_valid.eq(1), out_fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
-                         out_needs_verdict.eq(0), out_kind.eq(_HeldKind.DROP), second.eq(0)]
-        with m.Elif(go):
-            m.d.sync += [
-                out_valid.eq(emit), out_fault.eq(emit_fault), out_index.eq(d.index),
-                out_needs_verdict.eq(commit & starts & commit_ok),
-                out_kind.eq(Mux(d.hole | d.indirect, _HeldKind.KEEP,
-                                Mux(d.other_start, _HeldKind.TO_ILLEGAL,
-                                    Mux(d.open_matrix | d.open_timg2col, _HeldKind.REOPEN,
-                                        _HeldKind.DROP)))),
+        record = Signal(entry)
+        record_valid = Signal()
+        step_index = Signal(self.index_width)   # the start's index, for its second record
+        with m.If(go):
+            m.d.sync += step_index.eq(d.index)
+        m.d.comb += b.descriptor_statements(record.bundle, d.index, commit_noop)
+        with m.If(second):
+            m.d.comb += [record_valid.eq(1), record.fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
+                         record.index.eq(step_index), record.kind.eq(_HeldKind.DROP)]
+        with m.Else():
+            m.d.comb += [
+                record_valid.eq(go & emit), record.fault.eq(emit_fault),
+                record.index.eq(d.index),
+                record.needs_verdict.eq(commit & starts & commit_ok),
+                record.kind.eq(Mux(d.hole | d.indirect, _HeldKind.KEEP,
+                                   Mux(d.other_start, _HeldKind.TO_ILLEGAL,
+                                       Mux(d.open_matrix | d.open_timg2col, _HeldKind.REOPEN,
+                                           _HeldKind.DROP)))),
             ]
-        with m.Elif(taken):
-            m.d.sync += out_valid.eq(0)
+        with m.If(second & room):
+            m.d.sync += second.eq(0)
+        new = record_valid & room       # ``room`` also holds back ``second``'s record
+        with m.If(~out_valid | taken):
+            with m.If(spare_valid):
+                m.d.sync += [out.eq(spare), out_valid.eq(1), spare_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [out.eq(record), out_valid.eq(new)]
+        with m.Elif(new):
+            m.d.sync += spare_valid.eq(1)
+        # An empty spare entry follows the record whatever happens (as in ``SkidBuffer``).
+        with m.If(~spare_valid):
+            m.d.sync += spare.eq(record)
 
-        with m.If(taken & out_needs_verdict):
-            m.d.sync += pending.eq(1)
-        with m.Elif(squash_now | (pending & self.o.ready & ~squashing)):
-            m.d.sync += [pending.eq(self.squash), squashing.eq(self.squash)]
-        with m.Elif(squashing):
+        # The fix-up is tested first: it depends on registers only, so the late ``o.ready`` and
+        # ``squash`` stay off the enables of the state and the output registers (while
+        # ``squashing``, nothing is taken and no verdict is due).
+        with m.If(squashing):
             m.d.sync += [pending.eq(0), squashing.eq(0)]
             # The start that ended the squashed record opens nothing: what the state machine
             # did since is redone as the model does it from SKIP.
             with m.If(~out_valid):
                 m.d.sync += [state.eq(_State.SKIP), second.eq(0)]
-            with m.Elif(out_kind == _HeldKind.DROP):
+            with m.Elif(out.kind == _HeldKind.DROP):
                 m.d.sync += out_valid.eq(0)
-            with m.Elif(out_kind == _HeldKind.REOPEN):
+            with m.Elif(out.kind == _HeldKind.REOPEN):
                 m.d.sync += [out_valid.eq(0), state.eq(_State.OPEN)]
-            with m.Elif(out_kind == _HeldKind.TO_ILLEGAL):
-                m.d.sync += [out_fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
-                             out_needs_verdict.eq(0), second.eq(0)]
+            with m.Elif(out.kind == _HeldKind.TO_ILLEGAL):
+                m.d.sync += [out.fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
+                             out.needs_verdict.eq(0), second.eq(0)]
+        with m.Elif(taken & out.needs_verdict):
+            m.d.sync += pending.eq(1)
+        with m.Elif(squash_now | (pending & self.o.ready)):
+            m.d.sync += [pending.eq(self.squash), squashing.eq(self.squash)]
 
-        is_fault = out_fault != FaultClass.NONE
+        is_fault = out.fault != FaultClass.NONE
         m.d.comb += [
-            self.o.p.fault.eq(out_fault),
-            self.o.p.fault_index.eq(Mux(is_fault, out_index, 0)),
-            self.o.p.bundle.eq(Mux(is_fault, 0, out_bundle)),
+            self.o.p.fault.eq(out.fault),
+            self.o.p.fault_index.eq(Mux(is_fault, out.index, 0)),
+            self.o.p.bundle.eq(Mux(is_fault, 0, out.bundle)),
         ]
         return SimpleNamespace(state=state, go=go, emit=emit, second=second, pending=pending,
-                               squashing=squashing, busy=busy)
+                               squashing=squashing, busy=busy, spare_valid=spare_valid)
 
     # -- checks (formal verification and simulation) -----------------------------------
 
@@ -951,6 +1043,7 @@ class BundleDecoder(wiring.Component):
         m.d.sync += [
             Assert(~step.squashing | step.pending, "a squash without a pending verdict"),
             Assert(step.busy | ~(step.second | step.squashing), "the state machine is not held"),
+            Assert(~(step.pending & step.spare_valid), "a record behind a pending verdict"),
         ]
         if self.checks != "all":
             return
