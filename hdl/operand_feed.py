@@ -296,20 +296,15 @@ class OperandFeed(FeedComponent):
                                    "rows_ok": rows, "cols_ok": cols})
         restart = Signal()
         walk_r, walk_c = Signal(16), Signal(16)
-        # M - walk_r and N - walk_c, stepped with them, and their compares with 0 ... R
-        # (C) as flags stepped with them (bit i: more than i left), so that the block's
-        # masks and the step come from registers.
+        # M - walk_r and N - walk_c, stepped with them, so that no subtraction sits in
+        # front of the compares.
         m_left, n_left = Signal(signed(18)), Signal(signed(18))
-        m_gt, n_gt = Signal(rows + 1), Signal(cols + 1)
-
-        def above(v, count, base=0):
-            return Cat(*(v > base + i for i in range(count + 1)))
-
         walked = Signal(Block)
         m.d.comb += [walked.r.eq(walk_r), walked.c.eq(walk_c),
-                     walked.used.eq(Mux(f.col_outer, n_gt[0], m_gt[0])),
-                     walked.rows_ok.eq(m_gt[:rows]), walked.cols_ok.eq(n_gt[:cols])]
-        wrap = Mux(f.col_outer, ~m_gt[rows], ~n_gt[cols])
+                     walked.used.eq(Mux(f.col_outer, n_left > 0, m_left > 0)),
+                     walked.rows_ok.eq(Cat(*(m_left > i for i in range(rows)))),
+                     walked.cols_ok.eq(Cat(*(n_left > j for j in range(cols))))]
+        wrap = Mux(f.col_outer, m_left <= rows, n_left <= cols)
         step_r = Mux(f.col_outer, ~wrap, wrap)
         reset_r, reset_c = f.col_outer & wrap, ~f.col_outer & wrap
         nxt = [Signal(Block, name=f"next_block{l}") for l in range(slots)]
@@ -320,8 +315,7 @@ class OperandFeed(FeedComponent):
         load_group = Signal()
         with m.If(restart):
             m.d.sync += [walk_r.eq(0), walk_c.eq(0), nxt_count.eq(0), m_left.eq(run.m),
-                         n_left.eq(run.n), m_gt.eq(above(run.m, rows)),
-                         n_gt.eq(above(run.n, cols))]
+                         n_left.eq(run.n)]
         with m.Elif(load_group):
             m.d.sync += [c.eq(n) for c, n in zip(cur, nxt)]
             m.d.sync += nxt_count.eq(0)
@@ -333,11 +327,7 @@ class OperandFeed(FeedComponent):
                          walk_r.eq(Mux(reset_r, 0, Mux(step_r, walk_r + rows, walk_r))),
                          walk_c.eq(Mux(reset_c, 0, Mux(step_r, walk_c, walk_c + cols))),
                          m_left.eq(Mux(reset_r, f.m, Mux(step_r, m_left - rows, m_left))),
-                         n_left.eq(Mux(reset_c, f.n, Mux(step_r, n_left, n_left - cols))),
-                         m_gt.eq(Mux(reset_r, above(f.m, rows),
-                                     Mux(step_r, above(m_left, rows, rows), m_gt))),
-                         n_gt.eq(Mux(reset_c, above(f.n, cols),
-                                     Mux(step_r, n_gt, above(n_left, cols, cols))))]
+                         n_left.eq(Mux(reset_c, f.n, Mux(step_r, n_left, n_left - cols)))]
 
         # ------------------------------------------------------------------
         # Sequencer: a null group, the real groups, a null group; one position per
