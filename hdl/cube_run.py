@@ -61,7 +61,7 @@ def column_outer(cols: int, m_dim, n_dim) -> Value:
 
 
 def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, n_dim,
-                 restart, step, strides=None) -> tuple[list, Signal]:
+                 restart, step, strides=None, outer=None, limits=None) -> tuple[list, Signal]:
     """Output blocks of the current group, and whether the walk is past the last group.
 
     Blocks of ``rows`` x ``cols`` outputs are visited row-major ((0, 0), (0, C), ...,
@@ -72,10 +72,13 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
     after the last).  With ``strides = (row_stride, col_stride)`` each slot also carries
     ``row_base`` and ``col_base``: the block row index times ``row_stride`` and the block
     column index times ``col_stride`` (the operand buffers' entry bases, kept as running
-    sums so that no multiplier is needed).
+    sums so that no multiplier is needed).  A caller that keeps per-run facts in registers
+    may pass ``outer`` (:func:`column_outer` of the run) and ``limits = (M - R, N - C)``
+    (clamped at 0): the steps then compare with them instead of comparing M with N and
+    adding R or C before the compares.
     """
     col_outer = Signal(name=f"{name}_col_outer")
-    m.d.comb += col_outer.eq(column_outer(cols, m_dim, n_dim))
+    m.d.comb += col_outer.eq(column_outer(cols, m_dim, n_dim) if outer is None else outer)
     row0 = Signal(16, name=f"{name}_row0")
     col0 = Signal(16, name=f"{name}_col0")
     if strides is not None:
@@ -87,7 +90,10 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
 
     def advance(r, c, rb, cb):
         # The inner index steps; at its end it wraps to 0 and the outer one steps.
-        wrap = Mux(col_outer, r + rows >= m_dim, c + cols >= n_dim)
+        if limits is None:
+            wrap = Mux(col_outer, r + rows >= m_dim, c + cols >= n_dim)
+        else:
+            wrap = Mux(col_outer, r >= limits[0], c >= limits[1])
         step_r = Mux(col_outer, ~wrap, wrap)
         step_c = ~step_r
         reset_r = col_outer & wrap

@@ -79,13 +79,16 @@ class FillSource(wiring.Component):
         grp_r2, grp_c2 = Signal(16), Signal(16)
 
         # The walk's single step (the order of cube_run.block_walker, one block a cycle).
-        wrap = Mux(col_outer, blk_r2 >= run.m, blk_c2 >= run.n)
+        # Whether the inner index wraps after the block is kept beside it too (``wrap``,
+        # ``grp_wrap``), computed when the block is loaded.
+        wrap, grp_wrap = Signal(), Signal()
         step_r = Mux(col_outer, ~wrap, wrap)
         reset_r, reset_c = col_outer & wrap, ~col_outer & wrap
         next_r = Mux(reset_r, 0, Mux(step_r, blk_r2, blk_r))
         next_c = Mux(reset_c, 0, Mux(~step_r, blk_c2, blk_c))
         next_r2 = Mux(reset_r, rows, Mux(step_r, blk_r2 + rows, blk_r2))[:16]
         next_c2 = Mux(reset_c, cols, Mux(~step_r, blk_c2 + cols, blk_c2))[:16]
+        next_wrap = Mux(col_outer, next_r2 >= run.m, next_c2 >= run.n)
         # The next block exists: the outer index stepped (wrap) or not, and only it decides.
         next_used = Mux(col_outer, Mux(wrap, blk_c2 < run.n, blk_c < run.n),
                         Mux(wrap, blk_r2 < run.m, blk_r < run.m))
@@ -148,38 +151,49 @@ class FillSource(wiring.Component):
         with m.If(taken):
             m.d.sync += rp.eq(~rp)
 
-        row_end = s == slots - 1
-        set_end = row_end & (i == rows - 1)
+        # Where the position stage is in its row set, kept in registers beside ``i`` and
+        # ``s`` (set at each load for the next position), so that the state machine and
+        # the loads decide from flags, not from compares of the counters.
+        row_end = Signal()                          # s = L - 1
+        i_last = Signal()                           # i = R - 1
+        set_start = Signal()                        # i = 0 and s = 0
+        set_end = row_end & i_last
         with m.If(load):
-            m.d.sync += s.eq(Mux(row_end, 0, s + 1))
+            m.d.sync += [s.eq(Mux(row_end, 0, s + 1)),
+                         row_end.eq(Mux(row_end, slots == 1, s + 1 == slots - 1)),
+                         set_start.eq(set_end)]
             with m.If(row_end):
-                m.d.sync += i.eq(Mux(i == rows - 1, 0, i + 1))
+                m.d.sync += [i.eq(Mux(i_last, 0, i + 1)),
+                             i_last.eq(Mux(i_last, rows == 1, i + 1 == rows - 1))]
             with m.If(real):
                 # The next slot's block; a new row starts again from slot 0's, a new group
                 # from the block after the last slot's.
                 with m.If(~row_end | set_end):
                     m.d.sync += [blk_r.eq(next_r), blk_c.eq(next_c), blk_used.eq(next_used),
-                                 blk_r2.eq(next_r2), blk_c2.eq(next_c2)]
+                                 blk_r2.eq(next_r2), blk_c2.eq(next_c2), wrap.eq(next_wrap)]
                 with m.Else():
                     m.d.sync += [blk_r.eq(grp_r), blk_c.eq(grp_c), blk_used.eq(grp_used),
-                                 blk_r2.eq(grp_r2), blk_c2.eq(grp_c2)]
+                                 blk_r2.eq(grp_r2), blk_c2.eq(grp_c2), wrap.eq(grp_wrap)]
                 with m.If(set_end):
                     m.d.sync += [grp_r.eq(next_r), grp_c.eq(next_c), grp_used.eq(next_used),
-                                 grp_r2.eq(next_r2), grp_c2.eq(next_c2)]
+                                 grp_r2.eq(next_r2), grp_c2.eq(next_c2),
+                                 grp_wrap.eq(next_wrap)]
 
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
-                    m.d.sync += [i.eq(0), s.eq(0), zero_sets.eq(2), blk_r.eq(0), blk_c.eq(0),
+                    m.d.sync += [i.eq(0), s.eq(0), row_end.eq(slots == 1), i_last.eq(rows == 1),
+                                 set_start.eq(1), zero_sets.eq(2), blk_r.eq(0), blk_c.eq(0),
                                  grp_r.eq(0), grp_c.eq(0), blk_r2.eq(rows), blk_c2.eq(cols),
                                  grp_r2.eq(rows), grp_c2.eq(cols)]
                     m.next = "START"
             with m.State("START"):
                 outer = column_outer(cols, run.m, run.n)
                 first_used = Mux(outer, run.n != 0, run.m != 0)
+                first_wrap = Mux(outer, rows >= run.m, cols >= run.n)
                 m.d.sync += [col_outer.eq(outer), blk_used.eq(first_used),
-                             grp_used.eq(first_used),
+                             grp_used.eq(first_used), wrap.eq(first_wrap), grp_wrap.eq(first_wrap),
                              space.eq(Mux(run.acc, run.c.space, run.bias.space))]
                 with m.If(self.fresh):
                     m.next = "RESET"
@@ -191,7 +205,7 @@ class FillSource(wiring.Component):
                     m.next = "REAL"
             with m.State("REAL"):
                 # A group whose slot 0 has no block is the one after the last.
-                with m.If((i == 0) & (s == 0) & ~blk_used):
+                with m.If(set_start & ~blk_used):
                     m.next = "ZEROS"
                 with m.Else():
                     m.d.comb += [real.eq(1), has.eq(1)]

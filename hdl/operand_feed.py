@@ -296,8 +296,9 @@ class OperandFeed(FeedComponent):
                                    "rows_ok": rows, "cols_ok": cols})
         restart = Signal()
         walk_r, walk_c = Signal(16), Signal(16)
+        # M - walk_r and N - walk_c, stepped with them, so that no subtraction sits in
+        # front of the compares.
         m_left, n_left = Signal(signed(18)), Signal(signed(18))
-        m.d.comb += [m_left.eq(f.m - walk_r), n_left.eq(f.n - walk_c)]
         walked = Signal(Block)
         m.d.comb += [walked.r.eq(walk_r), walked.c.eq(walk_c),
                      walked.used.eq(Mux(f.col_outer, n_left > 0, m_left > 0)),
@@ -313,7 +314,8 @@ class OperandFeed(FeedComponent):
         have_group = Signal()
         load_group = Signal()
         with m.If(restart):
-            m.d.sync += [walk_r.eq(0), walk_c.eq(0), nxt_count.eq(0)]
+            m.d.sync += [walk_r.eq(0), walk_c.eq(0), nxt_count.eq(0), m_left.eq(run.m),
+                         n_left.eq(run.n)]
         with m.Elif(load_group):
             m.d.sync += [c.eq(n) for c, n in zip(cur, nxt)]
             m.d.sync += nxt_count.eq(0)
@@ -323,7 +325,9 @@ class OperandFeed(FeedComponent):
                     m.d.sync += nxt[l].eq(walked)
             m.d.sync += [nxt_count.eq(nxt_count + 1),
                          walk_r.eq(Mux(reset_r, 0, Mux(step_r, walk_r + rows, walk_r))),
-                         walk_c.eq(Mux(reset_c, 0, Mux(step_r, walk_c, walk_c + cols)))]
+                         walk_c.eq(Mux(reset_c, 0, Mux(step_r, walk_c, walk_c + cols))),
+                         m_left.eq(Mux(reset_r, f.m, Mux(step_r, m_left - rows, m_left))),
+                         n_left.eq(Mux(reset_c, f.n, Mux(step_r, n_left, n_left - cols)))]
 
         # ------------------------------------------------------------------
         # Sequencer: a null group, the real groups, a null group; one position per
@@ -406,17 +410,36 @@ class OperandFeed(FeedComponent):
         return p1
 
     # ---- bit addresses: a lane's row (or column) part plus its operand's K part ----------
+    # Each K part is two halves: the shifts of k by a run fact (``_*_kshifts``), then their
+    # merge (``_*_kjoin``), so that a feed may register between them.
     @staticmethod
-    def _a_kpart(f, kk):
+    def _a_kshifts(f, kk):
+        """k's CELL index, its swapped index in the CELL and its row-major part."""
         inner = kk & _mask(f.a_cc)
         swapped = Mux(f.a_swap, (inner & 0b10011) | (inner[2] << 3) | (inner[3] << 2), inner)
-        cell = ((kk >> f.a_cc) << 10) | (swapped << f.a_w)
-        return Mux(f.a_cell, cell, kk << f.a_k_sh)[:f.sw]
+        return (kk >> f.a_cc)[:f.sw], swapped[:8], (kk << f.a_k_sh)[:f.sw]
 
     @staticmethod
-    def _b_kpart(f, kk):
-        cell = ((kk >> f.b_cr) << 10) | ((kk & _mask(f.b_cr)[:8]) << f.b_w)
-        return Mux(f.b_cell, cell, kk << f.b_k_sh)[:f.sw]
+    def _a_kjoin(f, shifts):
+        cell, index, linear = shifts
+        return Mux(f.a_cell, (cell << 10) | (index << f.a_w), linear)[:f.sw]
+
+    @classmethod
+    def _a_kpart(cls, f, kk):
+        return cls._a_kjoin(f, cls._a_kshifts(f, kk))
+
+    @staticmethod
+    def _b_kshifts(f, kk):
+        return (kk >> f.b_cr)[:f.sw], (kk & _mask(f.b_cr)[:8])[:8], (kk << f.b_k_sh)[:f.sw]
+
+    @staticmethod
+    def _b_kjoin(f, shifts):
+        cell, index, linear = shifts
+        return Mux(f.b_cell, (cell << 10) | (index << f.b_w), linear)[:f.sw]
+
+    @classmethod
+    def _b_kpart(cls, f, kk):
+        return cls._b_kjoin(f, cls._b_kshifts(f, kk))
 
     @staticmethod
     def _sa_kpart(kk):

@@ -40,7 +40,7 @@ read ports (block RAM) and a register of the words read.  ``docs/hdl-cube.md`` s
 gives the figures.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import fifo
 from amaranth.lib.memory import Memory
 
@@ -91,9 +91,10 @@ def panel_feed_usable(run) -> Value:
     return ~run.a_shared & ~run.b_shared & ~run.a_scaled & ~run.b_scaled & ~run.float_bias
 
 
-def _ceil_words(k: Value, shift: Value) -> Value:
-    """ceil(k / 2**shift)."""
-    return ((k + ((Const(1, 1) << shift) - 1)[:16]) >> shift)[:16]
+def _word_mask(log2w: Value, log2_bits: int) -> Value:
+    """``2**((log2_bits - log2w) mod 8) - 1``: elements of 2**log2w bits in 2**log2_bits,
+    less one (a table of the 3-bit ``log2w``, one LUT level)."""
+    return Array(Const((1 << ((log2_bits - w) % 8)) - 1, 7) for w in range(8))[log2w]
 
 
 class PanelFeed(FeedComponent):
@@ -133,32 +134,38 @@ class PanelFeed(FeedComponent):
         a_aw, b_aw = len(a_rd.addr), len(b_rd.addr)
 
         # Per-run facts (decision C20): registers loaded every cycle from the run context,
-        # each one level of logic from it.  The context holds still from ``start`` to
-        # ``done``, so they are valid from the cycle after ``start``, before the fill or
-        # the beats use them.
+        # each one level of logic from it or from other facts.  The context holds still
+        # from ``start`` to ``done``, so the facts of facts are valid two cycles after
+        # ``start``; the fill and the beats wait a cycle (``SETTLE``) before they use them.
         def fact(name, value, width=16):
             sig = Signal(width, name=name)
             m.d.sync += sig.eq(value)
             return sig
 
-        # Words per A row / B column: K elements of 2**log2w bits, 64 bits per word.
-        a_sh, b_sh = (6 - run.a_log2w)[:3], (6 - run.b_log2w)[:3]
-        a_mask = fact("a_mask", ((Const(1, 1) << a_sh) - 1)[:6], 6)
-        b_mask = fact("b_mask", ((Const(1, 1) << b_sh) - 1)[:6], 6)
-        a_epw = fact("a_epw", Const(1, 1) << a_sh, 7)       # elements per word
-        b_epw = fact("b_epw", Const(1, 1) << b_sh, 7)
-        wpr = fact("wpr", _ceil_words(run.k, a_sh))
-        wpc = fact("wpc", _ceil_words(run.k, b_sh))
+        # Words per A row / B column: K elements of 2**log2w bits, 64 bits per word; the
+        # shifts are facts, so that no subtraction sits in front of a shifter.
+        a_sh = fact("a_sh", (6 - run.a_log2w)[:3], 3)
+        b_sh = fact("b_sh", (6 - run.b_log2w)[:3], 3)
+        a_sh_cells = fact("a_sh_cells", (5 - run.a_log2w)[:3], 3)
+        # Elements per word less one (a mask of k) and elements per word, for each
+        # log2w: tables, one LUT level.
+        a_kmask = fact("a_kmask", _word_mask(run.a_log2w, 6), 7)
+        b_kmask = fact("b_kmask", _word_mask(run.b_log2w, 6), 7)
+        a_cells_mask = fact("a_cells_mask", _word_mask(run.a_log2w, 5), 7)
+        a_mask, b_mask = a_kmask[:6], b_kmask[:6]
+        a_epw = fact("a_epw", a_kmask + 1, 7)                # elements per word
+        b_epw = fact("b_epw", b_kmask + 1, 7)
+        wpr = fact("wpr", ((run.k + a_kmask) >> a_sh)[:16])
+        wpc = fact("wpc", ((run.k + b_kmask) >> b_sh)[:16])
         wpr_m1 = fact("wpr_m1", (run.k - 1) >> a_sh)
         wpc_m1 = fact("wpc_m1", (run.k - 1) >> b_sh)
         # CUBE_M32: an entry holds CELLs 2e and 2e + 1; word e has a second CELL when
         # 2e + 1 < (CELLs along K), i.e. e < half of them.
-        a_half = fact("a_half", _ceil_words(run.k, (5 - run.a_log2w)[:3]) >> 1)
+        a_half = fact("a_half", ((run.k + a_cells_mask) >> a_sh_cells)[:16] >> 1)
         # Block columns outer (decision C14): A entry p + e * P (P block rows): a phase's
         # panels' word e are neighbours, and the beats' e * P is one running sum (C12).
-        run_col_outer = column_outer(cols, run.m, run.n)
-        col_outer = fact("col_outer", run_col_outer, 1)
-        a_stride = fact("a_stride", Mux(run_col_outer, 1, _ceil_words(run.k, a_sh)))
+        col_outer = fact("col_outer", column_outer(cols, run.m, run.n), 1)
+        a_stride = fact("a_stride", Mux(col_outer, 1, wpr))
         panels = Signal(6)                  # P: block rows
         with m.Switch(run.m):
             for rows_m in range(1, 33):
@@ -184,7 +191,9 @@ class PanelFeed(FeedComponent):
         # ------------------------------------------------------------------
         f_restart, f_step = Signal(), Signal()
         (f_block,), f_walk_done = block_walker(m, "pfill", rows, cols, 1, m_dim, n_dim,
-                                               f_restart, f_step, strides=(wpr, wpc))
+                                               f_restart, f_step, strides=(wpr, wpc),
+                                               outer=col_outer,
+                                               limits=(m_less_rows, n_less_cols))
         f_row0, f_col0, _, _, f_bbase = f_block
         fea, feb = Signal(16), Signal(16)           # next word along K of A / of B
         fka, fkb = Signal(18), Signal(18)           # the same in k: fea << a_shift, ...
@@ -224,7 +233,7 @@ class PanelFeed(FeedComponent):
         # Compares of these registers with per-run facts, registered with them (C20).
         row_last = Signal()         # row is a panel's last: row (| 1 for CUBE_M32) >= M - 1
         col_last = Signal()         # col >= N - 1
-        fea_halved = Signal()       # fea < a_half
+        fea_halved = Signal()       # CUBE_M32 and fea < a_half
         more_rows = Signal()        # a_row0 + R < M
 
         def set_row(v):
@@ -238,14 +247,16 @@ class PanelFeed(FeedComponent):
         phase_more = Signal()       # column-outer and phase_row0 + R x L < M
         b_more, b_in = Signal(), Signal()           # b_col0 + C < N, b_col0 < N
 
-        fi_1r, fi_2r, fi_1c = Signal(), Signal(), Signal()  # fi + 1 >= R, fi + 2 >= R, fi + 1 >= C
+        # fi + 1 >= R; fi + 2 >= R for CUBE_M32 (else fi + 1 >= R); fi + 1 >= C.
+        fi_1r, fi_2r, fi_1c = Signal(), Signal(), Signal()
 
         def set_fi(v):
-            return [fi.eq(v), fi_1r.eq(v + 1 >= rows), fi_2r.eq(v + 2 >= rows),
+            return [fi.eq(v), fi_1r.eq(v + 1 >= rows),
+                    fi_2r.eq(Mux(run.m32, v + 2 >= rows, v + 1 >= rows)),
                     fi_1c.eq(v + 1 >= cols)]
 
         def set_fea(v):
-            return [fea.eq(v), fea_halved.eq(v < a_half), fea_last.eq(v == wpr_m1)]
+            return [fea.eq(v), fea_halved.eq(run.m32 & (v < a_half)), fea_last.eq(v == wpr_m1)]
 
         def set_feb(v):
             return [feb.eq(v), feb_last.eq(v == wpc_m1)]
@@ -269,8 +280,8 @@ class PanelFeed(FeedComponent):
         # panel only when R is odd, and then only its upper half is this panel's.
         a_next_i = Mux(run.m32, fi + 2 - row[0], fi + 1)
         # a_row0 + a_next_i >= M, with row = a_row0 + fi.
-        rows_end = Mux(run.m32 & ~row[0], fi_2r, fi_1r) | row_last
-        second_half = run.m32 & ~fh & fea_halved
+        rows_end = Mux(row[0], fi_1r, fi_2r) | row_last
+        second_half = ~fh & fea_halved
         a_last = rows_end & ~second_half
         more_panels = col_outer & more_rows & (fpp != slots - 1)
         a_upper = (fi + 1 - row[0] < rows) & ((row | 1) < m_dim)
@@ -282,8 +293,9 @@ class PanelFeed(FeedComponent):
 
         # The fill's next-state decision after a word column (decision C20): a function of
         # registers that change only at a word column's end, so it is registered every
-        # cycle and valid (``fresh``) from the second cycle of each word column.  A word
-        # column of one read waits a cycle for it.
+        # cycle and valid (``fresh``) from the second cycle of each word column.  Every
+        # word column waits a cycle for it, so that whether a read issues does not depend
+        # on whether it ends its word column (decision C24).
         next_phase = ~f_is_b & fea_last & phase_more
         next_fea = Mux(next_phase, 0, fea + ~f_is_b)
         next_fka = Mux(next_phase, 0, Mux(f_is_b, fka, fka_ahead))
@@ -319,57 +331,75 @@ class PanelFeed(FeedComponent):
                        Mux(col_outer, phase_p + fpp + fa_eofs, fa_entry))[:max(a_aw, b_aw)],
                    Mux(f_is_b, cols_end, a_last), a_col_end, a_col_end & d["ea_last"])
 
-        # Reads leave from a request register; the fill moves when it is free or taken.
+        # Reads leave from a request register with a spare one behind it: the fill issues
+        # while the spare is free, so that its moves depend on its own registers only, not
+        # on the arbiter's ready (decision C24).
         m.submodules.dests = dests = fifo.SyncFIFO(
             width=sum(w for _, w in dest_fields), depth=_FILL_DEPTH)
         req_valid, req_dest = Signal(), Signal(len(dest))
+        spare_valid, spare_dest = Signal(), Signal(len(dest))
+        spare_space = Signal(len(Value.cast(self.rd.payload.space)))
+        spare_addr = Signal(len(self.rd.payload.addr))
         taken_rd = self.rd.valid & self.rd.ready
         m.d.comb += [
             self.rd.valid.eq(req_valid & dests.w_rdy),
             dests.w_data.eq(req_dest),
             dests.w_en.eq(taken_rd),
         ]
-        issued = f_active & (~req_valid | taken_rd) & (fresh | ~word_end)
-        with m.If(issued):
+        issued = f_active & ~spare_valid & fresh
+        new_space = Mux(f_is_b, run.b.space.as_value(), run.a.space.as_value())
+        new_addr = Mux(f_is_b, b_addr, a_addr)
+        m.d.sync += self.rd.payload.tag.eq(0)
+        with m.If(~req_valid | taken_rd):
+            # The spare issues nothing while it is full.
             m.d.sync += [
-                req_valid.eq(1), req_dest.eq(dest),
-                self.rd.payload.space.eq(Mux(f_is_b, run.b.space.as_value(),
-                                             run.a.space.as_value())),
-                self.rd.payload.addr.eq(Mux(f_is_b, b_addr, a_addr)),
-                self.rd.payload.tag.eq(0),
+                req_valid.eq(spare_valid | issued), spare_valid.eq(0),
+                req_dest.eq(Mux(spare_valid, spare_dest, dest)),
+                self.rd.payload.space.eq(Mux(spare_valid, spare_space, new_space)),
+                self.rd.payload.addr.eq(Mux(spare_valid, spare_addr, new_addr)),
             ]
-        with m.Elif(taken_rd):
-            m.d.sync += req_valid.eq(0)
+        with m.Elif(issued):
+            m.d.sync += [spare_valid.eq(1), spare_dest.eq(dest), spare_space.eq(new_space),
+                         spare_addr.eq(new_addr)]
 
         fill_idle = Signal()
+        # The choice at a block is registered (``f_seen``: from the block now in the
+        # walker): a block takes two cycles, one to compare, one to act.
+        f_seen, f_end, f_starts = Signal(), Signal(), Signal()
+        m.d.sync += f_seen.eq(0)
         with m.FSM(name="fill"):
             with m.State("IDLE"):
-                m.d.comb += fill_idle.eq(~req_valid)
+                m.d.comb += fill_idle.eq(~req_valid & ~spare_valid)
                 with m.If(self.start):
                     m.d.comb += f_restart.eq(1)
                     m.d.sync += [fa_entry.eq(0), b_done_col.eq(0)]
-                    m.next = "BLOCK"
+                    m.next = "SETTLE"
+            with m.State("SETTLE"):
+                m.next = "BLOCK"
             with m.State("BLOCK"):
-                m.d.sync += fresh.eq(0)
-                with m.If(f_walk_done):
-                    m.next = "IDLE"
-                with m.Elif((f_row0 == 0) & ((f_col0 == 0) | (f_col0 >= b_done_col))
-                            | ~col_outer & (f_col0 == 0)):
-                    cells = n8_column_cells(run.b_k_repeat, f_col0)
-                    m.d.sync += [*set_fea(0), *set_feb(0), *set_fka(0), *set_fkb(0), *set_fi(0),
-                                 fh.eq(0), *set_a_row0(f_row0), *set_row(f_row0),
-                                 *set_phase_row0(0), phase_p.eq(0), fpp.eq(0), fa_eofs.eq(0),
-                                 *set_b_col0(f_col0), *set_col(f_col0), b_cells0.eq(cells),
-                                 b_cells.eq(cells), b_ebase.eq(f_bbase), b_qblk.eq(0),
-                                 b_qnext.eq(panels),
-                                 ph_end.eq(Mux(f_col0 == 0, slots, 0)),
-                                 ph_end2.eq(Mux(f_col0 == 0, 2 * slots, slots)),
-                                 a_left.eq(f_col0 == 0),
-                                 b_left.eq((f_row0 == 0) & (f_col0 >= b_done_col)),
-                                 f_is_b.eq(f_col0 != 0)]
-                    m.next = "READ"
-                with m.Else():
-                    m.d.comb += f_step.eq(1)
+                m.d.sync += [fresh.eq(0), f_seen.eq(1), f_end.eq(f_walk_done),
+                             f_starts.eq((f_row0 == 0) & ((f_col0 == 0) | (f_col0 >= b_done_col))
+                                         | ~col_outer & (f_col0 == 0))]
+                with m.If(f_seen):
+                    with m.If(f_end):
+                        m.next = "IDLE"
+                    with m.Elif(f_starts):
+                        cells = n8_column_cells(run.b_k_repeat, f_col0)
+                        m.d.sync += [*set_fea(0), *set_feb(0), *set_fka(0), *set_fkb(0), *set_fi(0),
+                                     fh.eq(0), *set_a_row0(f_row0), *set_row(f_row0),
+                                     *set_phase_row0(0), phase_p.eq(0), fpp.eq(0), fa_eofs.eq(0),
+                                     *set_b_col0(f_col0), *set_col(f_col0), b_cells0.eq(cells),
+                                     b_cells.eq(cells), b_ebase.eq(f_bbase), b_qblk.eq(0),
+                                     b_qnext.eq(panels),
+                                     ph_end.eq(Mux(f_col0 == 0, slots, 0)),
+                                     ph_end2.eq(Mux(f_col0 == 0, 2 * slots, slots)),
+                                     a_left.eq(f_col0 == 0),
+                                     b_left.eq((f_row0 == 0) & (f_col0 >= b_done_col)),
+                                     f_is_b.eq(f_col0 != 0)]
+                        m.next = "READ"
+                    with m.Else():
+                        m.d.comb += f_step.eq(1)
+                        m.d.sync += f_seen.eq(0)
             with m.State("READ"):
                 m.d.comb += f_active.eq(1)
                 m.d.sync += fresh.eq(~(issued & word_end))
@@ -470,7 +500,8 @@ class PanelFeed(FeedComponent):
         s = Signal(range(max(2, slots)))
         restart, step_group = Signal(), Signal()
         blocks, walk_done = block_walker(m, "pbeat", rows, cols, slots, m_dim, n_dim,
-                                         restart, step_group, strides=(a_stride, wpc))
+                                         restart, step_group, strides=(a_stride, wpc),
+                                         outer=col_outer, limits=(m_less_rows, n_less_cols))
         a_kofs = Signal(16)             # column-outer: (k's word along K) x P
         row0, col0, used = Signal(16), Signal(16), Signal()
         a_base, b_base = Signal(16), Signal(16)
@@ -496,6 +527,7 @@ class PanelFeed(FeedComponent):
         # The position register: a beat, its buffer entries and whether they are filled.
         p_valid, p_ok, p_first, p_null = Signal(), Signal(), Signal(), Signal()
         m1_valid = Signal()                     # the read ports hold a beat's words
+        m2_valid = Signal()                     # the words register holds them
         p_slot = Signal.like(beat.slot)
         p_a_entry, p_b_entry = Signal(a_aw + 1), Signal(b_aw + 1)
         p_a_base, p_a_word = Signal(16), Signal(16)
@@ -512,13 +544,16 @@ class PanelFeed(FeedComponent):
 
         with m.FSM(name="beats"):
             with m.State("IDLE"):
-                m.d.comb += self.done.eq(~self.feed.valid & ~m1_valid & ~p_valid & fill_idle)
+                m.d.comb += self.done.eq(~self.feed.valid & ~m2_valid & ~m1_valid & ~p_valid
+                                         & fill_idle)
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
                     m.d.sync += [s.eq(0), k_zero.eq(1), last_term.eq(run.k == 1),
                                  k_left.eq(run.k - 1), a_sub.eq(0), b_sub.eq(0),
                                  a_word.eq(0), b_word.eq(0), a_kofs.eq(0)]
-                    m.next = "NULL_FIRST"
+                    m.next = "SETTLE"
+            with m.State("SETTLE"):
+                m.next = "NULL_FIRST"
             with m.State("NULL_FIRST"):
                 m.d.comb += [offer.eq(1), null.eq(1), first.eq(1), next_slot.eq(emit)]
                 with m.If(emit & (s == slots - 1)):
@@ -565,37 +600,45 @@ class PanelFeed(FeedComponent):
             with m.If(advance):
                 m.d.sync += p_valid.eq(0)
 
-        # Output stages: the buffers' read ports, then a register of the words read (the
-        # block RAMs' outputs are slow), from which the elements are cut; both move on one
-        # enable.
+        # Output stages: the buffers' read ports, a register of the words read (the block
+        # RAMs' outputs are slow), then a register of the elements cut from them, so that
+        # no shifter sits in front of the array's entry register; all move on one enable.
         out_first, out_null = Signal(), Signal()
-        m1_slot, out_slot = Signal.like(beat.slot), Signal.like(beat.slot)
-        m1_first, m1_null = Signal(), Signal()
-        m1_a_off, m1_b_off, out_a_off, out_b_off = (Signal(6) for _ in range(4))
+        m1_slot, m2_slot, out_slot = (Signal.like(beat.slot) for _ in range(3))
+        m1_first, m1_null, m2_first, m2_null = (Signal() for _ in range(4))
+        m1_a_off, m1_b_off, m2_a_off, m2_b_off = (Signal(6) for _ in range(4))
         m1_row_ok, row_ok = Signal(rows), Signal(rows)
         m1_col_ok, col_ok = Signal(cols), Signal(cols)
         a_words, b_words = Signal(64 * rows), Signal(64 * cols)
+        out_a = [Signal(len(Value.cast(beat.a[i])), name=f"out_a{i}") for i in range(rows)]
+        out_b = [Signal(len(Value.cast(beat.b[j])), name=f"out_b{j}") for j in range(cols)]
         m.d.comb += [a_rd.addr.eq(p_a_entry), a_rd.en.eq(go),
                      b_rd.addr.eq(p_b_entry), b_rd.en.eq(go)]
+        # An element is aligned to its width (4 bits or more): its offset is a whole
+        # number of nibbles, which leaves the shifters 16 positions, not 64.
+        a_nibble, b_nibble = Cat(Const(0, 2), m2_a_off[2:]), Cat(Const(0, 2), m2_b_off[2:])
         with m.If(go):
             m.d.sync += [
                 m1_valid.eq(p_valid & p_ok), m1_slot.eq(p_slot), m1_first.eq(p_first),
                 m1_null.eq(p_null), m1_a_off.eq(p_a_off), m1_b_off.eq(p_b_off),
                 m1_row_ok.eq(p_row_ok), m1_col_ok.eq(p_col_ok),
-                self.feed.valid.eq(m1_valid), out_slot.eq(m1_slot), out_first.eq(m1_first),
-                out_null.eq(m1_null), out_a_off.eq(m1_a_off), out_b_off.eq(m1_b_off),
+                m2_valid.eq(m1_valid), m2_slot.eq(m1_slot), m2_first.eq(m1_first),
+                m2_null.eq(m1_null), m2_a_off.eq(m1_a_off), m2_b_off.eq(m1_b_off),
                 row_ok.eq(m1_row_ok), col_ok.eq(m1_col_ok),
                 a_words.eq(a_rd.data), b_words.eq(b_rd.data),
+                self.feed.valid.eq(m2_valid), out_slot.eq(m2_slot), out_first.eq(m2_first),
+                out_null.eq(m2_null),
             ]
-
-        for i in range(rows):
-            lane = a_words[64 * i:64 * (i + 1)]
-            m.d.comb += beat.a[i].eq(Mux(row_ok[i], extract(lane, out_a_off, run.a_log2w, 32),
-                                         0))
-        for j in range(cols):
-            lane = b_words[64 * j:64 * (j + 1)]
-            m.d.comb += beat.b[j].eq(Mux(col_ok[j], extract(lane, out_b_off, run.b_log2w, 32),
-                                         0))
+            for i in range(rows):
+                lane = a_words[64 * i:64 * (i + 1)]
+                m.d.sync += out_a[i].eq(Mux(row_ok[i], extract(lane, a_nibble, run.a_log2w, 32),
+                                            0))
+            for j in range(cols):
+                lane = b_words[64 * j:64 * (j + 1)]
+                m.d.sync += out_b[j].eq(Mux(col_ok[j], extract(lane, b_nibble, run.b_log2w, 32),
+                                            0))
+        m.d.comb += [*(beat.a[i].eq(out_a[i]) for i in range(rows)),
+                     *(beat.b[j].eq(out_b[j]) for j in range(cols))]
         m.d.comb += [beat.a_type.eq(run.a_type), beat.b_type.eq(run.b_type),
                      beat.slot.eq(out_slot), beat.first.eq(out_first),
                      beat.load.eq(run.acc | run.int_bias), beat.null.eq(out_null)]

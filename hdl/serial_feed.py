@@ -31,7 +31,7 @@ while no beat is offered, and a beat is offered once its last lane's element is 
 
 from types import SimpleNamespace
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib.memory import Memory
 
 from ..model.datatype import DataType
@@ -74,16 +74,26 @@ class SerialFeed(OperandFeed):
             slot=Signal(len(p1.slot), name="s_slot"), real=Signal(name="s_real"),
             bias=Signal(name="s_bias"), first=Signal(name="s_first"),
             block=Signal(p1.block.shape(), name="s_block"),
-            ka=Signal(sw, name="s_ka"), kb=Signal(sw, name="s_kb"))
+            k=Signal(16, name="s_k"), ka=Signal(sw, name="s_ka"), kb=Signal(sw, name="s_kb"))
         if scaled:
             pos.ksa, pos.ksb = Signal(sw, name="s_ksa"), Signal(sw, name="s_ksb")
         issue = Signal(range(lanes + 1), name="s_issue")     # next lane into the row stage
+        # The K parts take two registered steps from k (its shifts, then their merge),
+        # loaded every cycle: valid two cycles after a take, before the first lane's part
+        # stage (a take's lane 0 reaches it four cycles later, through the row and cell
+        # stages).
+        a_shifts = [Signal(len(Value.cast(v)), name=f"s_ka_sh{x}")
+                    for x, v in enumerate(self._a_kshifts(f, pos.k))]
+        b_shifts = [Signal(len(Value.cast(v)), name=f"s_kb_sh{x}")
+                    for x, v in enumerate(self._b_kshifts(f, pos.k))]
+        m.d.sync += [*(r.eq(v) for r, v in zip(a_shifts, self._a_kshifts(f, pos.k))),
+                     *(r.eq(v) for r, v in zip(b_shifts, self._b_kshifts(f, pos.k))),
+                     pos.ka.eq(self._a_kjoin(f, a_shifts)),
+                     pos.kb.eq(Mux(pos.bias, 0, self._b_kjoin(f, b_shifts)))]
         with m.If(take):
             m.d.sync += [gathering.eq(1), issue.eq(Mux(p1.real, 0, lanes)),
                          pos.slot.eq(p1.slot), pos.real.eq(p1.real), pos.bias.eq(p1.bias),
-                         pos.first.eq(p1.first), pos.block.eq(p1.block),
-                         pos.ka.eq(self._a_kpart(f, p1.k)),
-                         pos.kb.eq(Mux(p1.bias, 0, self._b_kpart(f, p1.k)))]
+                         pos.first.eq(p1.first), pos.block.eq(p1.block), pos.k.eq(p1.k)]
             if scaled:
                 m.d.sync += [pos.ksa.eq(self._sa_kpart(p1.k)),
                              pos.ksb.eq(self._sb_kpart(f, p1.k))]
