@@ -142,33 +142,46 @@ def _thermometer(m: Module, value, width: int, name: str) -> Signal:
     return bits
 
 
-def _implicit_rooms(word, pc_log, pc_mask, rows, cols):
-    """For flag word ``word`` of a row-major tile with 2**``pc_log`` physical columns
-    (``pc_mask`` = columns - 1) and a ``rows`` x ``cols`` valid region: the rows and the
-    columns that remain from the word's first element to the region's end, each clamped to
-    0-64 (the inputs of :func:`_implicit_word`)."""
+#: Cycles from the inputs of :func:`_implicit_flags` to its word.
+IMPLICIT_CYCLES = 5
+
+
+def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) -> Signal:
+    """The implicit definedness flags of flag word ``word`` of a row-major tile with
+    ``phys_cols`` physical columns (``pc_mask`` = ``phys_cols`` - 1) and a ``rows`` x
+    ``cols`` valid region: bit i set when element i of the word lies in the region.
+
+    A pipeline of :data:`IMPLICIT_CYCLES` stages that register every cycle: the word is
+    valid that many cycles after its inputs, which must hold meanwhile (decision T24).  The
+    stages: log2 of the columns (0 unless a power of two) and its one-hot, clamped to 6;
+    the rows and columns used before the word's first element; the rows and columns that
+    remain to the region's end, clamped to 0-64; those as thermometer codes (T14); the word.
+    Element i is ``i >> log2`` rows and ``i & (columns - 1)`` columns past the word's first
+    element: the 64 elements of a word never carry into higher slot bits, since physical
+    columns are a power of two."""
+    log = Signal(5, name=f"{name}_log")
+    log6 = Signal(7, name=f"{name}_log6")       # one-hot: min(log, 6)
+    m.d.sync += [log.eq(Mux((phys_cols & pc_mask) == 0, one_hot_index(phys_cols, 16), 0)),
+                 log6.eq(Cat(*(log == k for k in range(6)), log >= 6))]
     first = Cat(Const(0, 6), word)
-    rooms = []
-    for size, used in ((rows, first >> pc_log), (cols, first & pc_mask)):
-        rooms.append(Mux(size <= used, 0, Mux(size - used >= 64, 64, size - used)))
-    return rooms
-
-
-def _implicit_word(m: Module, rows_room, cols_room, pc_log, name: str) -> Signal:
-    """The implicit definedness flags of one flag word (bit i: element i of the word lies in
-    the valid region), from :func:`_implicit_rooms`.  Element i is ``i >> pc_log`` rows and
-    ``i & (columns - 1)`` columns past the word's first element: the 64 elements of a word
-    never carry into higher slot bits, since physical columns are a power of two."""
-    rows_below = _thermometer(m, rows_room, 64, f"{name}_rows_below")
-    cols_below = _thermometer(m, cols_room, 64, f"{name}_cols_below")
-    log6 = Signal(3, name=f"{name}_log6")
-    m.d.comb += log6.eq(Mux(pc_log >= 6, 6, pc_log))
-    word = Signal(64, name=name)
+    rows_used = Signal(len(first), name=f"{name}_rows_used")
+    cols_used = Signal(16, name=f"{name}_cols_used")
+    m.d.sync += [rows_used.eq(first >> log), cols_used.eq(first & pc_mask)]
+    below = []
+    for size, used, what in ((rows, rows_used, "rows"), (cols, cols_used, "cols")):
+        room = Signal(7, name=f"{name}_{what}_room")
+        m.d.sync += room.eq(Mux(size <= used, 0, Mux(size - used >= 64, 64, size - used)))
+        thermometer = _thermometer(m, room, 64, f"{name}_{what}_thermometer")
+        bits = Signal(64, name=f"{name}_{what}_below")
+        m.d.sync += bits.eq(thermometer)
+        below.append(bits)
+    rows_below, cols_below = below
+    flags = Signal(64, name=name)
     for i in range(64):
-        row_ok = Array(rows_below[i >> k] for k in range(7))[log6]
-        col_ok = Array(cols_below[i & ((1 << k) - 1)] for k in range(7))[log6]
-        m.d.comb += word[i].eq(row_ok & col_ok)
-    return word
+        row_ok = _one_hot_select(log6, [rows_below[i >> k] for k in range(7)])
+        col_ok = _one_hot_select(log6, [cols_below[i & ((1 << k) - 1)] for k in range(7)])
+        m.d.sync += flags[i].eq(row_ok & col_ok)
+    return flags
 
 
 def _entry_layout(desc_layout, config, *, feature_map=False):
@@ -193,6 +206,12 @@ class _ElementSource(NamedTuple):
 def _one_hot_select(one_hot, values):
     """``values[i]`` for the set bit ``i`` of ``one_hot`` (an AND-OR, no decoder)."""
     return functools.reduce(operator.or_, (Mux(one_hot[i], v, 0) for i, v in enumerate(values)))
+
+
+def _one_hot_patterns(width, *codes):
+    """Switch patterns that match a ``width``-bit one-hot value with bit ``code`` set."""
+    return ["".join("1" if i == int(getattr(code, "value", code)) else "-"
+                    for i in reversed(range(width))) for code in codes]
 
 
 def _log2_bytes(dtype):
@@ -428,9 +447,10 @@ class TileStore(wiring.Component):
         # storage index r * Col: "row < ValidRow" is "index < ValidRow * Col", a product
         # the DSP block forms once per job instead of a shifter per request (T19).
         ld = src.entry.desc
+        # The product is registered before it is saturated (the DSP block's output is slow,
+        # decision T24); the bound is ready four cycles after ``src_load``.
         rows_end = Signal(32, name="src_rows_end_full")
-        m.d.comb += rows_end.eq(ld.valid_rows * ld.phys_cols)
-        m.d.sync += [src.col_mask.eq(ld.phys_cols - 1),
+        m.d.sync += [rows_end.eq(ld.valid_rows * ld.phys_cols), src.col_mask.eq(ld.phys_cols - 1),
                      src.rows_end.eq(Mux(rows_end[index_w:] != 0, 1 << index_w,
                                          rows_end[:index_w]))]
         m.d.sync += src_latch.eq(0)
@@ -445,8 +465,12 @@ class TileStore(wiring.Component):
         pe_sel = Signal(4)                      # bit p: PE p selected (plan mask is PE0 = bit 3)
         m.d.comb += pe_sel.eq(Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1],
                                   plan.pe_mask[0]))
-        out_cells = Array(Mux(o.role == OutputRole.NONE, 0,
-                              (Const(1, 13) << (o.size_code - 1)[:4])[:13]) for o in outs)
+        # Each output's CELLs, registered: the plan holds from the PLACE request to PUBLISH
+        # or ABORT, and the walks read them from the cycle after the request (T13, T24).
+        out_cells = Array(Signal(13, name=f"out_cells{j}") for j in range(len(outs)))
+        for cells_r, o in zip(out_cells, outs):
+            m.d.sync += cells_r.eq(Mux(o.role == OutputRole.NONE, 0,
+                                       (Const(1, 13) << (o.size_code - 1)[:4])[:13]))
         out_valid = Array(o.role != OutputRole.NONE for o in outs)
 
         # The allocator: first fit over the bitmap of ``scan_space``, 8 CELLs per cycle, in
@@ -521,9 +545,10 @@ class TileStore(wiring.Component):
         m.d.comb += [scan_end.eq(scan_last + 1), scan_base.eq(scan_last - need_less1)]
 
         # One range-mask generator for marking / freeing CELLs [base, end).  The request is
-        # registered and the bitmap changes a cycle later, so the scan and the mask are not
-        # one path; no scan reads the bitmap in the cycle after a mark (a scan's first fetch
-        # follows PLACE_NEXT or a new host command, decision T12).
+        # registered, then the mask, and the bitmap changes two cycles after the request, so
+        # the scan, the mask and the update are three paths (decisions T12, T24).  No scan
+        # reads the bitmap meanwhile: PLACE_NEXT waits while a mark is in its first stage,
+        # and a host command's scan starts four cycles or more after a command that marked.
         mark_space = Signal(3)
         mark_base = Signal(run_w)
         mark_end = Signal(run_w)
@@ -535,16 +560,23 @@ class TileStore(wiring.Component):
         m.d.sync += [marking["space"].eq(mark_space), marking["base"].eq(mark_base),
                      marking["end"].eq(mark_end), marking["set"].eq(mark_set),
                      marking["clear"].eq(mark_clear)]
-        # Bit i: base <= i < end, from two thermometer codes (T14).
-        range_mask = (_thermometer(m, marking["end"], max(pad), "mark_below_end")
-                      & ~_thermometer(m, marking["base"], max(pad), "mark_below_base"))
+        mark_pending = marking["set"] | marking["clear"]
+        # Bit i: base <= i < end, from two thermometer codes (T14), and which bitmap it sets
+        # or clears, registered.
+        range_mask = Signal(max(pad), name="mark_mask")
+        mark_sets = Signal(len(spaces), name="mark_sets")
+        mark_clears = Signal(len(spaces), name="mark_clears")
+        m.d.sync += [
+            range_mask.eq(_thermometer(m, marking["end"], max(pad), "mark_below_end")
+                          & ~_thermometer(m, marking["base"], max(pad), "mark_below_base")),
+            mark_sets.eq(Cat(*((marking["space"] == s) & marking["set"] for s in spaces))),
+            mark_clears.eq(Cat(*((marking["space"] == s) & marking["clear"] for s in spaces)))]
         for s in spaces:
             mask = range_mask[:pad[s]]
-            with m.If(marking["space"] == s):
-                with m.If(marking["set"]):
-                    m.d.sync += bitmap[s].eq(bitmap[s] | mask)
-                with m.If(marking["clear"]):
-                    m.d.sync += bitmap[s].eq(bitmap[s] & ~mask)
+            with m.If(mark_sets[s]):
+                m.d.sync += bitmap[s].eq(bitmap[s] | mask)
+            with m.If(mark_clears[s]):
+                m.d.sync += bitmap[s].eq(bitmap[s] & ~mask)
 
         # Facts of the host command's register: its entries were read when the command was
         # taken, and the read registers hold them until the command ends.
@@ -574,10 +606,11 @@ class TileStore(wiring.Component):
                     m.d.sync += held[q].bit_select(index, 1).eq(bit)
 
         read_flags = Signal()
-        read_word = Signal(64)                  # HOST_READ: the payload or flag word read
-        read_synth = Signal(64)                 # HOST_READ: the implicit flags of that word
-        synth_rows = Signal(7)                  # HOST: rows / columns left from the word's
-        synth_cols = Signal(7)                  # first element (0-64, T14)
+        # HOST_READ: the payload and the flag word read, each registered from its read-data
+        # bus, and HOST_REPLY chooses (decision T24).
+        read_word = Signal(64)
+        read_flag_word = Signal(64)
+        synth_wait = Signal(range(IMPLICIT_CYCLES))
         cfg_base = Signal(run_w)
         cfg_end = Signal(run_w)
         cfg_bytes = Signal(32)                  # the new register's share of capacity in use
@@ -586,18 +619,35 @@ class TileStore(wiring.Component):
         undef_init = Signal(UNDEFINED_WIDTH)
 
         new_local = Signal(self.local_entry)
+        # Publication in two stages (decision T24): PUBLISH registers the entry of output
+        # (walk_pe, walk_j) here; the next cycle writes it, marks the register held and
+        # charges its bytes, so the walk's multiplexers end at these registers.
+        pub_en = Signal()
+        pub_pe = Signal(2)
+        pub_index = Signal(6)
+        pub_entry = Signal(self.local_entry)
+        pub_bytes = Signal(20)
+        m.d.sync += pub_en.eq(0)
+        # FREE uncharges the register's bytes (CELLs x owners) the cycle after HOST, from a
+        # product of ``f_cells`` and ``f_owners`` registered meanwhile; its response is still
+        # pending then, so no agent reads the counters before (decision T24).
+        free_en = Signal()
+        free_bytes = Signal(32)
+        m.d.sync += free_en.eq(0)
         new_shared = Signal(self.shared_entry)
         staged_l = data.View(TileDescLayout, stage[:TileDescLayout.size])
         staged_s = data.View(SharedDescLayout, stage[:SharedDescLayout.size])
         popcnt = sum(staged_s.allocation_mask[k] for k in range(4))
         # CONFIGURE's undefined count (valid rows x columns, saturated) of the staged
-        # descriptor, registered: the stage changes only in a DESC_PART command, at least
-        # two cycles before the next command decides (decision T13).
+        # descriptor: the product registered, then saturated.  The stage changes only in a
+        # DESC_PART command, at least four cycles before the next command's HOST (decisions
+        # T13, T24).
         undef_l, undef_s = Signal(UNDEFINED_WIDTH), Signal(UNDEFINED_WIDTH)
-        for reg, staged in ((undef_l, staged_l), (undef_s, staged_s)):
-            product = staged.valid_rows * staged.valid_cols
-            m.d.sync += reg.eq(Mux(product >> UNDEFINED_WIDTH, (1 << UNDEFINED_WIDTH) - 1,
-                                   product))
+        for reg, staged, name in ((undef_l, staged_l, "l"), (undef_s, staged_s, "s")):
+            product = Signal(32, name=f"undef_{name}_product")
+            m.d.sync += [product.eq(staged.valid_rows * staged.valid_cols),
+                         reg.eq(Mux(product >> UNDEFINED_WIDTH, (1 << UNDEFINED_WIDTH) - 1,
+                                    product))]
 
         # Facts of the host command, registered in HOST_FACTS from the entries read when
         # the command was taken, so that HOST decides from registers (decision T13).
@@ -605,17 +655,48 @@ class TileStore(wiring.Component):
         f_bad_space, f_bad_index = Signal(), Signal()   # refused whatever the register
         f_wide = Signal()                       # data does not fit an undefined count
         f_word_addr, f_flag_addr = Signal(ww), Signal(ww)
-        f_base, f_end = Signal(run_w), Signal(run_w)    # the register's CELLs
+        f_base = Signal(run_w)                  # the register's first CELL
+        # The command's own facts, so HOST's choices test single bits (decision T24): the op
+        # one-hot (all clear for an unknown op), ``addr`` == k for k < 8, the GPR number out
+        # of range or zero, and CONFIGURE's checks of the staged descriptor.
+        f_op = Signal(len(HostOp), name="f_op")
+        f_addr = Signal(8, name="f_addr")
+        f_gpr_bad, f_gpr_zero = Signal(), Signal()
+        f_cfg_bad, f_cfg_big = Signal(), Signal()
+        need = Mux(is_pe, staged_l.cells, staged_s.cells)
+        f_local = Signal(self.local_entry)      # a copy of its Local entry, for rewrites
         f_cells = Signal(12)                    # its CELLs, and the PEs that hold them
         f_owners = Signal(3)
         f_synth = Signal()                      # a published PE output: its flags implicit
         f_cube_synth = Signal()                 # ... in a CUBE layout (no flags to read)
-        f_value = Signal(64)                    # the answer of a descriptor, feature-map,
-        #                                         GPR or system-register read
-        # The implicit flags' geometry (HOST_READ): log2 of the physical columns, etc.
-        f_pc_log, f_pc_mask = Signal(5, name="f_pc_log"), Signal(16, name="f_pc_mask")
+        # The answer of a descriptor, feature-map, GPR or system-register read, the OR of
+        # three registers: HOST_FACTS forms the Local and the Shared / GPR answers as AND-ORs
+        # of the read registers under one-hot selects, and the feature-map part, so few
+        # LUT levels follow the block RAMs' outputs; a system register is copied when the
+        # command is taken (nothing changes it while a host command runs, decision T24).
+        f_value_pe = Signal(64, name="f_value_pe")
+        f_value_sh = Signal(64, name="f_value_sh")
+        f_value_fm = Signal(64, name="f_value_fm")
+        f_value = f_value_pe | f_value_sh | f_value_fm
+        pe_sources = [("desc0_pe", lambda le, se: le.desc.as_value()[:64]),
+                      ("desc1_pe", lambda le, se: le.desc.as_value()[64:]),
+                      ("base_pe", lambda le, se: Mux(le.desc.allocated, le.base, 0)),
+                      ("undef_pe", lambda le, se: le.undef)]
+        sh_sources = [("desc0_sh", lambda le, se: se.desc.as_value()[:64]),
+                      ("desc1_sh", lambda le, se: se.desc.as_value()[64:]),
+                      ("base_sh", lambda le, se: Mux(se.desc.allocation_mask != 0, se.base, 0)),
+                      ("undef_sh", lambda le, se: se.undef),
+                      ("gpr", lambda le, se: g_rd.data),
+                      ("sys", lambda le, se: sys_value)]
+        value_sel = Signal(len(pe_sources) + len(sh_sources), name="value_sel")
+        sys_value = Signal(64, name="sys_value")
+        fm_sel = Signal(FM_PARTS, name="fm_sel")  # READ_FM of part k
+        # The implicit flags' geometry: physical columns, columns - 1, the valid region; the
+        # flags of word ``cmd.addr`` follow IMPLICIT_CYCLES after HOST_FACTS.
+        f_pc_cols, f_pc_mask = Signal(16, name="f_pc_cols"), Signal(16, name="f_pc_mask")
         f_rows, f_cols = Signal(16), Signal(16)
-        implicit_word = _implicit_word(m, synth_rows, synth_cols, f_pc_log, "implicit_word")
+        read_synth = _implicit_flags(m, cmd.addr, f_pc_cols, f_pc_mask, f_rows, f_cols,
+                                     "read_synth")
 
         host_go = self.host_cmd.valid & self.host_enable & ~rsp_valid
         busy = Signal()
@@ -650,17 +731,30 @@ class TileStore(wiring.Component):
                     read_fm(local, Mux(part < FM_PARTS, part, 0))
                     read_gpr(taken.index[:5])
                     m.next = "HOST_FACTS"
+                    t_pe = Value.cast(taken.space) < PE_COUNT
+                    t_desc, t_sys = taken.op == HostOp.READ_DESC, taken.op == HostOp.READ_SYS
+                    t_addr = [taken.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
+                    sel = {"gpr": taken.op == HostOp.READ_GPR}
+                    for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
+                                       ("undef", DESC_PART_UNDEFINED)):
+                        sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
+                        sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
+                    sel["sys"] = t_sys
+                    sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
+                                  SysReg.CAPACITY_IN_USE: in_use,
+                                  SysReg.ALLOCATED: self.alloc.allocated,
+                                  SysReg.BUILD: Const(build_info(cfg), 64)}
+                    m.d.sync += [
+                        value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
+                        sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
+                                                     [sys_values[r] for r in SysReg])),
+                        fm_sel.eq(Cat(*((taken.op == HostOp.READ_FM) & t_addr[k]
+                                        for k in range(FM_PARTS))))]
 
             # ---- host commands --------------------------------------------------------
             with m.State("HOST_FACTS"):
                 m.d.comb += busy.eq(1)
                 m.next = "HOST"
-                # log2 of a power-of-two column count, else 0: each bit an OR of the count's
-                # bits, not 16 compares in a priority chain (9 LUT levels after the block
-                # RAM's output, the unit's longest path in `ptocube synth --paths`).
-                cols = le.desc.phys_cols
-                pc_log = Signal(5)
-                m.d.comb += pc_log.eq(Mux((cols & (cols - 1)) == 0, one_hot_index(cols, 16), 0))
                 m.d.sync += [
                     f_bad_space.eq(space > MemSpace.SHARED),
                     f_bad_index.eq(is_pe & (idx >= 64)
@@ -671,79 +765,64 @@ class TileStore(wiring.Component):
                     f_flag_ok.eq(cmd.addr < (reg_cells << 2)),
                     f_word_addr.eq((reg_base << 4) + cmd.addr),
                     f_flag_addr.eq((reg_base << 2) + cmd.addr),
-                    # Saturated: the mask then covers the same CELLs as base + cells.
-                    f_base.eq(reg_base), f_end.eq(Mux(reg_base + reg_cells > max(pad),
-                                                      max(pad), reg_base + reg_cells)),
+                    f_base.eq(reg_base), f_local.eq(le),
+                    f_op.eq(Cat(*(cmd.op == o for o in HostOp))),
+                    f_addr.eq(Cat(*(cmd.addr == k for k in range(len(f_addr))))),
+                    f_gpr_bad.eq(idx >= GPR_COUNT), f_gpr_zero.eq(idx == 0),
+                    f_cfg_bad.eq(Mux(is_pe, ~staged_l.allocated, staged_s.allocation_mask == 0)
+                                 | (need == 0)),
+                    f_cfg_big.eq(need > Array(Const(c) for c in cells)[space]),
                     f_cells.eq(reg_cells),
                     f_owners.eq(Mux(is_pe, 1, sum(se.desc.allocation_mask[k] for k in range(4)))),
                     f_synth.eq(is_pe & le.synth),
                     f_cube_synth.eq(is_pe & le.synth & (le.desc.layout != Layout.ROW_MAJOR)),
-                    f_pc_log.eq(pc_log), f_pc_mask.eq(le.desc.phys_cols - 1),
+                    f_pc_cols.eq(le.desc.phys_cols), f_pc_mask.eq(le.desc.phys_cols - 1),
                     f_rows.eq(le.desc.valid_rows), f_cols.eq(le.desc.valid_cols),
                 ]
-                desc_bits = Mux(is_pe, le.desc.as_value(), se.desc.as_value())
-                with m.Switch(cmd.op):
-                    with m.Case(HostOp.READ_DESC):
-                        with m.Switch(cmd.addr):
-                            with m.Case(0):
-                                m.d.sync += f_value.eq(desc_bits[:64])
-                            with m.Case(1):
-                                m.d.sync += f_value.eq(desc_bits[64:])
-                            with m.Case(DESC_PART_BASE):
-                                m.d.sync += f_value.eq(Mux(allocated, reg_base, 0))
-                            with m.Case(DESC_PART_UNDEFINED):
-                                m.d.sync += f_value.eq(Mux(is_pe, le.undef, se.undef))
-                    with m.Case(HostOp.READ_FM):
-                        m.d.sync += f_value.eq(fm_part)
-                    with m.Case(HostOp.READ_GPR):
-                        m.d.sync += f_value.eq(g_rd.data)
-                    with m.Case(HostOp.READ_SYS):
-                        with m.Switch(cmd.addr):
-                            with m.Case(SysReg.TILE_CAPACITY):
-                                m.d.sync += f_value.eq(capacity)
-                            with m.Case(SysReg.STATUS):
-                                m.d.sync += f_value.eq(status)
-                            with m.Case(SysReg.CAPACITY_IN_USE):
-                                m.d.sync += f_value.eq(in_use)
-                            with m.Case(SysReg.ALLOCATED):
-                                m.d.sync += f_value.eq(self.alloc.allocated)
-                            with m.Case(SysReg.BUILD):
-                                m.d.sync += f_value.eq(build_info(cfg))
+                sources = [value(le, se) for _, value in pe_sources + sh_sources]
+                m.d.sync += [
+                    f_value_pe.eq(_one_hot_select(value_sel[:len(pe_sources)],
+                                                  sources[:len(pe_sources)])),
+                    f_value_sh.eq(_one_hot_select(value_sel[len(pe_sources):],
+                                                  sources[len(pe_sources):])),
+                    f_value_fm.eq(0)]
+                # A feature-map part reads as zero unless written since allocation (T20).
+                with m.If((fm_sel & le.fm_set).any()):
+                    m.d.sync += f_value_fm.eq(fm_rd.data)
 
             with m.State("HOST"):
                 m.d.comb += busy.eq(1)
                 m.next = "IDLE"
-                op = cmd.op
-                # For a READ_FLAGS of implicit flags: the rows and columns the word's first
-                # element still has before the valid region ends (HOST_READ, T14).
-                rows_room, cols_room = _implicit_rooms(cmd.addr, f_pc_log, f_pc_mask,
-                                                       f_rows, f_cols)
-                m.d.sync += [synth_rows.eq(rows_room), synth_cols.eq(cols_room)]
+
+                def op_case(*codes):
+                    return m.Case(*_one_hot_patterns(len(HostOp), *codes))
+
+                def addr_case(*codes):
+                    return m.Case(*_one_hot_patterns(len(f_addr), *codes))
+
                 with m.If(f_bad_space):
                     fail(HostError.BAD_SPACE)
                 with m.Elif(f_bad_index):
                     fail(HostError.BAD_INDEX)
                 with m.Else():
-                    with m.Switch(op):
-                        with m.Case(HostOp.NOP):
+                    with m.Switch(f_op):
+                        with op_case(HostOp.NOP):
                             reply(0)
-                        with m.Case(HostOp.DESC_PART):
-                            with m.If(cmd.addr == 0):
+                        with op_case(HostOp.DESC_PART):
+                            with m.If(f_addr[0]):
                                 m.d.sync += stage[:64].eq(cmd.data)
                                 reply(0)
-                            with m.Elif(cmd.addr == 1):
+                            with m.Elif(f_addr[1]):
                                 m.d.sync += stage[64:].eq(cmd.data)
                                 reply(0)
                             with m.Else():
                                 fail(HostError.OUT_OF_RANGE)
-                        with m.Case(HostOp.CONFIGURE):
-                            need = Mux(is_pe, staged_l.cells, staged_s.cells)
+                        with op_case(HostOp.CONFIGURE):
                             with m.If(f_allocated):
                                 fail(HostError.ALLOCATED)
-                            with m.Elif(Mux(is_pe, ~staged_l.allocated,
-                                            staged_s.allocation_mask == 0) | (need == 0)):
+                            with m.Elif(f_cfg_bad):
                                 fail(HostError.BAD_DESCRIPTOR)
-                            with m.Elif(need > Array(Const(c) for c in cells)[space]):
+                            with m.Elif(f_cfg_big):
                                 fail(HostError.NO_SPACE)
                             with m.Else():
                                 m.d.comb += start_scan.eq(1)
@@ -752,29 +831,30 @@ class TileStore(wiring.Component):
                                                               (need << 7) * popcnt)),
                                              undef_init.eq(Mux(is_pe, undef_l, undef_s))]
                                 m.next = "CFG_SCAN"
-                        with m.Case(HostOp.FREE):
+                        with op_case(HostOp.FREE):
                             with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
                             with m.Else():
+                                # Saturated: the mask then covers the same CELLs as
+                                # base + cells.
+                                end = f_base + f_cells
                                 m.d.comb += [mark_space.eq(space), mark_base.eq(f_base),
-                                             mark_end.eq(f_end), mark_clear.eq(1)]
-                                f_bytes = (f_cells << 7) * f_owners
-                                m.d.sync += in_use.eq(in_use - f_bytes)
+                                             mark_end.eq(Mux(end > max(pad), max(pad), end)),
+                                             mark_clear.eq(1)]
+                                m.d.sync += free_en.eq(1)
                                 with m.If(is_pe):
                                     write_local(Cat(idx[:6], space[:2]), 0)
                                     set_held(space[:2], idx[:6], 0)
-                                    m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]]
-                                                                       - f_bytes)
                                 with m.Else():
                                     write_shared(idx, 0)
                                 reply(0)
-                        with m.Case(HostOp.WRITE_WORD, HostOp.READ_WORD):
+                        with op_case(HostOp.WRITE_WORD, HostOp.READ_WORD):
                             addr = f_word_addr
                             with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
                             with m.Elif(~f_word_ok):
                                 fail(HostError.OUT_OF_RANGE)
-                            with m.Elif(op == HostOp.WRITE_WORD):
+                            with m.Elif(f_op[HostOp.WRITE_WORD.value]):
                                 for s in spaces:
                                     with m.If(space == s):
                                         m.d.comb += [pay_wr[s].en.eq(0xFF),
@@ -787,19 +867,19 @@ class TileStore(wiring.Component):
                                         read(s, addr)
                                 m.d.sync += read_flags.eq(0)
                                 m.next = "HOST_READ"
-                        with m.Case(HostOp.WRITE_FLAGS, HostOp.READ_FLAGS):
+                        with op_case(HostOp.WRITE_FLAGS, HostOp.READ_FLAGS):
                             addr = f_flag_addr
                             with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
                             with m.Elif(~f_flag_ok):
                                 fail(HostError.OUT_OF_RANGE)
-                            with m.Elif(op == HostOp.WRITE_FLAGS):
+                            with m.Elif(f_op[HostOp.WRITE_FLAGS.value]):
                                 for s in spaces:
                                     with m.If(space == s):
                                         m.d.comb += [flg_wr[s].en.eq(1), flg_wr[s].addr.eq(addr),
                                                      flg_wr[s].data.eq(cmd.data)]
                                 with m.If(f_synth):
-                                    m.d.comb += new_local.eq(le)
+                                    m.d.comb += new_local.eq(f_local)
                                     m.d.comb += new_local.synth.eq(0)
                                     write_local(Cat(idx[:6], space[:2]), new_local)
                                 reply(0)
@@ -811,32 +891,34 @@ class TileStore(wiring.Component):
                                         m.d.comb += [flg_rd[s].en.eq(1), flg_rd[s].addr.eq(addr)]
                                 m.d.sync += read_flags.eq(1)
                                 m.next = "HOST_READ"
-                        with m.Case(HostOp.SET_UNDEFINED):
+                        with op_case(HostOp.SET_UNDEFINED):
                             with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
                             with m.Elif(f_wide):
                                 fail(HostError.OUT_OF_RANGE)
                             with m.Elif(is_pe):
-                                m.d.comb += [new_local.eq(le), new_local.undef.eq(cmd.data)]
+                                m.d.comb += [new_local.eq(f_local),
+                                             new_local.undef.eq(cmd.data)]
                                 write_local(Cat(idx[:6], space[:2]), new_local)
                                 reply(0)
                             with m.Else():
                                 m.d.comb += [new_shared.eq(se), new_shared.undef.eq(cmd.data)]
                                 write_shared(idx, new_shared)
                                 reply(0)
-                        with m.Case(HostOp.READ_DESC):
-                            with m.If(cmd.addr <= max(1, DESC_PART_BASE, DESC_PART_UNDEFINED)):
+                        with op_case(HostOp.READ_DESC):
+                            with m.If(f_addr[:max(1, DESC_PART_BASE, DESC_PART_UNDEFINED) + 1]
+                                      .any()):
                                 reply(f_value)
                             with m.Else():
                                 fail(HostError.OUT_OF_RANGE)
-                        with m.Case(HostOp.WRITE_FM, HostOp.READ_FM):
+                        with op_case(HostOp.WRITE_FM, HostOp.READ_FM):
                             with m.If(~is_pe):
                                 fail(HostError.BAD_SPACE)
                             with m.Elif(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(cmd.addr >= FM_PARTS):
+                            with m.Elif(~f_addr[:FM_PARTS].any()):
                                 fail(HostError.OUT_OF_RANGE)
-                            with m.Elif(op == HostOp.READ_FM):
+                            with m.Elif(f_op[HostOp.READ_FM.value]):
                                 reply(f_value)
                             with m.Else():
                                 # The last part keeps only the descriptor's bits.
@@ -846,13 +928,13 @@ class TileStore(wiring.Component):
                                     fm_wr.en.eq(1), fm_wr.addr.eq(Cat(entry, part)),
                                     fm_wr.data.eq(Mux(part == FM_PARTS - 1,
                                                       cmd.data[:last_bits], cmd.data)),
-                                    new_local.eq(le),
-                                    new_local.fm_set.eq(le.fm_set | (1 << part)),
+                                    new_local.eq(f_local),
+                                    new_local.fm_set.eq(f_local.fm_set | (1 << part)),
                                 ]
                                 write_local(entry, new_local)
                                 reply(0)
-                        with m.Case(HostOp.WRITE_GPR):
-                            with m.If((idx == 0) | (idx >= GPR_COUNT)):
+                        with op_case(HostOp.WRITE_GPR):
+                            with m.If(f_gpr_zero | f_gpr_bad):
                                 fail(HostError.BAD_INDEX)
                             with m.Else():
                                 m.d.comb += [g_wr.en.eq(1), g_wr.addr.eq(idx[:5]),
@@ -860,26 +942,26 @@ class TileStore(wiring.Component):
                                              g_low_wr.en.eq(1), g_low_wr.addr.eq(idx[:5]),
                                              g_low_wr.data.eq(cmd.data[:16])]
                                 reply(0)
-                        with m.Case(HostOp.READ_GPR):
-                            with m.If(idx >= GPR_COUNT):
+                        with op_case(HostOp.READ_GPR):
+                            with m.If(f_gpr_bad):
                                 fail(HostError.BAD_INDEX)
                             with m.Else():
                                 reply(f_value)
-                        with m.Case(HostOp.WRITE_SYS):
-                            with m.Switch(cmd.addr):
-                                with m.Case(SysReg.TILE_CAPACITY):
+                        with op_case(HostOp.WRITE_SYS):
+                            with m.Switch(f_addr):
+                                with addr_case(SysReg.TILE_CAPACITY):
                                     m.d.sync += capacity.eq(cmd.data)
                                     reply(0)
-                                with m.Case(SysReg.STATUS):
+                                with addr_case(SysReg.STATUS):
                                     m.d.sync += status.eq(cmd.data)
                                     reply(0)
-                                with m.Case(SysReg.CAPACITY_IN_USE, SysReg.ALLOCATED,
-                                            SysReg.BUILD):
+                                with addr_case(SysReg.CAPACITY_IN_USE, SysReg.ALLOCATED,
+                                               SysReg.BUILD):
                                     fail(HostError.READ_ONLY)
                                 with m.Default():
                                     fail(HostError.BAD_INDEX)
-                        with m.Case(HostOp.READ_SYS):
-                            with m.If(cmd.addr < len(SysReg)):
+                        with op_case(HostOp.READ_SYS):
+                            with m.If(f_addr[:len(SysReg)].any()):
                                 reply(f_value)
                             with m.Else():
                                 fail(HostError.BAD_INDEX)
@@ -887,16 +969,27 @@ class TileStore(wiring.Component):
                             fail(HostError.BAD_OP)
 
             with m.State("HOST_READ"):
-                # The word read, and a published row-major output's flags: its valid region
-                # (decision T5).  Both are registered and answered in HOST_REPLY (T13).
+                # The word read, registered and answered in HOST_REPLY (T13); a published
+                # row-major output's flags (its valid region, decision T5) wait in HOST_SYNTH
+                # for the implicit-flag pipeline (T24).
                 m.d.comb += busy.eq(1)
-                m.d.sync += read_synth.eq(implicit_word)
-                m.d.sync += read_word.eq(Mux(read_flags, flg_data, pay_data))
-                m.next = "HOST_REPLY"
+                m.d.sync += [read_word.eq(pay_data), read_flag_word.eq(flg_data),
+                             synth_wait.eq(0)]
+                with m.If(read_flags & f_synth):
+                    m.next = "HOST_SYNTH"
+                with m.Else():
+                    m.next = "HOST_REPLY"
+
+            with m.State("HOST_SYNTH"):
+                # The pipeline's inputs hold from HOST on: its flags are ready in HOST_REPLY.
+                m.d.comb += busy.eq(1)
+                m.d.sync += synth_wait.eq(synth_wait + 1)
+                with m.If(synth_wait == IMPLICIT_CYCLES - 3):
+                    m.next = "HOST_REPLY"
 
             with m.State("HOST_REPLY"):
                 m.d.comb += busy.eq(1)
-                reply(Mux(read_flags & f_synth, read_synth, read_word))
+                reply(Mux(read_flags, Mux(f_synth, read_synth, read_flag_word), read_word))
                 m.next = "IDLE"
 
             with m.State("CFG_SCAN"):
@@ -941,7 +1034,9 @@ class TileStore(wiring.Component):
             # ---- placement of an approved plan ---------------------------------------
             with m.State("PLACE_NEXT"):
                 m.d.comb += busy.eq(1)
-                with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
+                with m.If(mark_pending):
+                    pass                        # the last placement's mark reaches the bitmap
+                with m.Elif(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
                     m.d.comb += start_scan.eq(1)
                     m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j])]
                     m.next = "PLACE_SCAN"
@@ -980,25 +1075,43 @@ class TileStore(wiring.Component):
                 g = plan.d_geometry[walk_pe]
                 role = o.role
                 with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
-                    d = new_local.desc
+                    d = pub_entry.desc
                     is_d = role == OutputRole.D
-                    m.d.comb += [
+                    m.d.sync += [
+                        pub_en.eq(1), pub_pe.eq(walk_pe), pub_index.eq(o.index),
+                        pub_bytes.eq(out_cells[walk_j] << 7),
+                        pub_entry.eq(0),
                         d.allocated.eq(1), d.dtype.eq(o.dtype),
                         d.layout.eq(Mux(is_d, g.layout, Layout.ROW_MAJOR)),
                         d.location.eq(Mux((role == OutputRole.D) | (role == OutputRole.IMG2COL),
                                           TileLocation.MATRIX, TileLocation.ANY)),
                         d.cells.eq(out_cells[walk_j]), d.valid_rows.eq(o.rows),
                         d.valid_cols.eq(o.cols), d.phys_cols.eq(Mux(is_d, 0, o.phys_cols)),
-                        new_local.base.eq(bases[walk_pe][walk_j]), new_local.synth.eq(1),
+                        pub_entry.base.eq(bases[walk_pe][walk_j]), pub_entry.synth.eq(1),
                     ]
-                    write_local(Cat(o.index, walk_pe), new_local)
-                    nbytes = out_cells[walk_j] << 7
-                    set_held(walk_pe, o.index, 1)
-                    m.d.sync += [pe_bytes[walk_pe].eq(pe_bytes[walk_pe] + nbytes),
-                                 in_use.eq(in_use + nbytes)]
                 with m.If((walk_pe == PE_COUNT - 1) & (walk_j == 2)):
                     m.d.sync += status.eq(status | self.flags)
-                self._advance(m, walk_pe, walk_j, "PUBLISH", "PLACE_END")
+                self._advance(m, walk_pe, walk_j, "PUBLISH", "PUBLISH_END")
+
+            with m.State("PUBLISH_END"):
+                # The last output's second stage.
+                m.d.comb += busy.eq(1)
+                m.next = "PLACE_END"
+
+        m.d.sync += free_bytes.eq((f_cells << 7) * f_owners)
+        with m.If(free_en):
+            m.d.sync += in_use.eq(in_use - free_bytes)
+            for p in range(PE_COUNT):
+                with m.If(is_pe & (space[:2] == p)):
+                    m.d.sync += pe_bytes[p].eq(pe_bytes[p] - free_bytes)
+        # Publication's second stage, the cycle after PUBLISH formed the entry (T24).
+        with m.If(pub_en):
+            write_local(Cat(pub_index, pub_pe), pub_entry)
+            set_held(pub_pe, pub_index, 1)
+            for p in range(PE_COUNT):
+                with m.If(pub_pe == p):
+                    m.d.sync += pe_bytes[p].eq(pe_bytes[p] + pub_bytes)
+            m.d.sync += in_use.eq(in_use + pub_bytes)
 
         # ---- preflight reads, then the engines: later assignments take priority --------
         with m.If(gr.en):

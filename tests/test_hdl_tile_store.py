@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 import pytest
-from amaranth.hdl import Const, Module, Signal, Value
+from amaranth.hdl import Module, Signal, Value
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
@@ -20,7 +20,7 @@ from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
 from ptocube.hdl.tile_desc import (OutputRole, SharedDescLayout, TileDescLayout, encode_shared,
                                    encode_tile, shared_defined, tile_defined)
 from ptocube.hdl.tile_port import OperandDescLayout
-from ptocube.hdl.tile_store import (StoreOp, TileStore, _implicit_rooms, _implicit_word,
+from ptocube.hdl.tile_store import (IMPLICIT_CYCLES, StoreOp, TileStore, _implicit_flags,
                                     _thermometer)
 from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout
@@ -441,17 +441,12 @@ def test_thermometer_every_value(bits, width):
 
 def test_implicit_flags_match_the_slot_formula():
     """Bit i of flag word w of a row-major tile with 2**k physical columns and a rows x cols
-    valid region: slot s = 64 w + i is defined when s >> k < rows and s & (2**k - 1) < cols."""
-    word, pc_log = Signal(10), Signal(5)
+    valid region: slot s = 64 w + i is defined when s >> k < rows and s & (2**k - 1) < cols,
+    IMPLICIT_CYCLES after the inputs."""
+    word, phys_cols, pc_mask = Signal(10), Signal(16), Signal(16)
     rows, cols = Signal(16), Signal(16)
-
-    def build(m):
-        pc_mask = Signal(16)
-        m.d.comb += pc_mask.eq((Const(1, 16) << pc_log) - 1)
-        rows_room, cols_room = _implicit_rooms(word, pc_log, pc_mask, rows, cols)
-        r, c = Signal(7), Signal(7)
-        m.d.comb += [r.eq(rows_room), c.eq(cols_room)]
-        return [word, pc_log, rows, cols], [_implicit_word(m, r, c, pc_log, "w")]
+    m = Module()
+    flags = _implicit_flags(m, word, phys_cols, pc_mask, rows, cols, "w")
 
     rng = np.random.default_rng(14)
     cases = []
@@ -462,8 +457,21 @@ def test_implicit_flags_match_the_slot_formula():
             last = max(1, (r * pc + 63) // 64)
             cases.append((int(rng.integers(0, last + 2)), k, r, c))
         cases += [(0, k, 1, 1 << k), (0, k, 0, 1 << k), (3, k, 70, 1)]
-    got = _simulate_comb(build, cases)
-    for (w, k, r, c), (flags,) in zip(cases, got):
+    got = []
+
+    async def bench(ctx):
+        for w, k, r, c in cases:
+            for signal, value in ((word, w), (phys_cols, 1 << k), (pc_mask, (1 << k) - 1),
+                                  (rows, r), (cols, c)):
+                ctx.set(signal, value)
+            await ctx.tick().repeat(IMPLICIT_CYCLES)
+            got.append(ctx.get(flags))
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    for (w, k, r, c), value in zip(cases, got):
         expected = sum(1 << i for i in range(64)
                        if ((64 * w + i) >> k) < r and ((64 * w + i) & ((1 << k) - 1)) < c)
-        assert flags == expected, (w, k, r, c)
+        assert value == expected, (w, k, r, c)
