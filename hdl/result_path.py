@@ -23,16 +23,16 @@ them into the words of D, RowMaxOut and GroupMaxOut:
    byte is what the model's payload holds.
 """
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..model.datatype import DataType
 from ..model.layout import Layout, cell_shape
-from .cell_address import (byte_mask, cube_m_bits, extract, row_major_bits,
+from .cell_address import (BIT_ADDR_WIDTH, byte_mask, cube_m_bits, extract, row_major_bits,
                            word_and_offset)
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker, select_block
+from .cube_run import RunLayout, block_walker
 from .encoders import SrcKind
 from .postprocess import PostProcess
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
@@ -126,12 +126,47 @@ class ResultPath(wiring.Component):
         junk = Signal(2)
         step_group = Signal()
         restart = Signal()
-        blocks, walk_done = block_walker(m, "drain", rows, cols, slots, run.m, run.n,
-                                         restart, step_group)
+        # The blocks of the group to come are found one slot per cycle by a one-slot walker
+        # and kept in registers with the facts the intake needs (which of their rows exist):
+        # no chain of block steps across the slots and no row adder or compare in front of
+        # the drain handshake (issue #9).  A group's rows come ``R x L`` beats after its
+        # blocks are known, so the slot registers are ready long before they are used.
+        walk_step = Signal()
+        walker, w_done = block_walker(m, "drain", rows, cols, 1, run.m, run.n, restart,
+                                      walk_step)
+        (w_row0, w_col0, w_used), = walker
+        slot_row0 = Array(Signal(16, name=f"slot{s}_row0") for s in range(slots))
+        slot_col0 = Array(Signal(16, name=f"slot{s}_col0") for s in range(slots))
+        slot_rows = Array(Signal(rows, name=f"slot{s}_rows") for s in range(slots))
+        filled = Signal(range(slots + 1))
+        blocks_ready = filled == slots
+        walk_done = Signal()                       # the group has no block: the run is over
+        # The filling does not wait for the intake's handshake: a group ends (the slot
+        # registers are free again) only while they are full, and a restart rewrites them.
+        # A used block's first row is below M, so M minus it is positive.
+        rows_left = (run.m - w_row0)[:16]
+        with m.If(~blocks_ready):
+            m.d.comb += walk_step.eq(1)
+            m.d.sync += [filled.eq(filled + 1), slot_row0[filled].eq(w_row0),
+                         slot_col0[filled].eq(w_col0),
+                         slot_rows[filled].eq(Cat(*(w_used & (rows_left > r)
+                                                    for r in range(rows))))]
+            with m.If(filled == 0):
+                m.d.sync += walk_done.eq(w_done)
+        with m.If(restart | step_group):
+            m.d.sync += filled.eq(0)
         d_row = self.drain.payload.row
         d_slot = self.drain.payload.slot
-        row0, col0, used = select_block(m, blocks, d_slot)
 
+        # A kept row waits in ``held`` (its output row and first column computed) until the
+        # serializer's buffer is free, and at least a cycle, so that its row's group position
+        # is looked up into registers first (``held_old``).
+        held_valid = Signal()
+        held_old = Signal()
+        held_data = Signal(data.ArrayLayout(32, cols))
+        held_bank = Signal(row_bits)
+        held_row = Signal(16)
+        held_col0 = Signal(16)
         buf_valid = Signal()
         buf = Signal(data.ArrayLayout(32, cols))
         buf_bank = Signal(row_bits)
@@ -145,8 +180,11 @@ class ResultPath(wiring.Component):
         col_first = Signal()
         q_addr = Signal(aw)
         a_addr = Signal(aw)
-        buf_free = Signal()
-        m.d.comb += self.drain.ready.eq(running & ((junk != 0) | (~walk_done & buf_free)))
+        # The buffer is free once its piece has no element left (no element is pushed then).
+        buf_free = ~buf_valid | ~elt
+        load = held_valid & held_old & buf_free
+        m.d.comb += self.drain.ready.eq(
+            running & ((junk != 0) | (blocks_ready & ~walk_done & (~held_valid | load))))
         got = self.drain.valid & self.drain.ready
         set_end = got & (d_row == rows - 1) & (d_slot == slots - 1)
         with m.If(got & set_end):
@@ -154,14 +192,20 @@ class ResultPath(wiring.Component):
                 m.d.sync += junk.eq(junk - 1)
             with m.Else():
                 m.d.comb += step_group.eq(1)
-        keep = got & (junk == 0) & used & (row0 + d_row < run.m)
+        keep = got & (junk == 0) & slot_rows[d_slot].bit_select(d_row, 1)
+        m.d.sync += held_old.eq(~keep)
+        with m.If(load):
+            m.d.sync += held_valid.eq(0)
         with m.If(keep):
-            m.d.sync += [buf_valid.eq(1), buf.eq(self.drain.payload.data), buf_bank.eq(d_row),
-                         buf_row.eq(row0 + d_row), ser_j.eq(0), gj.eq(col0),
-                         elt.eq(col0 < run.n), row_last.eq(col0 + 1 == run.n),
-                         col_first.eq(col0 == 0),
-                         q_addr.eq((run.quant.base << 4) + col0),
-                         a_addr.eq((run.alpha.base << 4) + col0)]
+            m.d.sync += [held_valid.eq(1), held_data.eq(self.drain.payload.data),
+                         held_bank.eq(d_row), held_row.eq(slot_row0[d_slot] + d_row),
+                         held_col0.eq(slot_col0[d_slot])]
+        with m.If(load):
+            m.d.sync += [buf.eq(held_data), buf_bank.eq(held_bank), buf_row.eq(held_row),
+                         ser_j.eq(0), gj.eq(held_col0), elt.eq(held_col0 < run.n),
+                         row_last.eq(held_col0 + 1 == run.n), col_first.eq(held_col0 == 0),
+                         q_addr.eq((run.quant.base << 4) + held_col0),
+                         a_addr.eq((run.alpha.base << 4) + held_col0)]
 
         # ------------------------------------------------------------------
         # Serializer: one element per cycle into PostProcess and the reductions
@@ -186,7 +230,6 @@ class ResultPath(wiring.Component):
                 with m.Case(j):
                     m.d.comb += elem.eq(buf[j])
         element = buf_valid & elt
-        m.d.comb += buf_free.eq(~buf_valid | ~element)
 
         need_quant = element & (plan.quant_source == ParamSource.VECTOR)
         need_alpha = element & (plan.alpha_source == ParamSource.VECTOR)
@@ -195,8 +238,8 @@ class ResultPath(wiring.Component):
         # address adder in front of the parameter cache's hit test and the element handshake.
         s_addr = Signal(aw)
         s_off = Signal(6)
-        with m.If(keep):
-            bits = row_major_bits(5, run.rowmax_in.log2p, (row0 + d_row)[:16], 0)
+        with m.If(load):
+            bits = row_major_bits(5, run.rowmax_in.log2p, held_row, 0)
             m.d.sync += Cat(s_addr, s_off).eq(Cat(*word_and_offset(run.rowmax_in.base, bits,
                                                                     aw)))
         params_hit, (q_word, a_word, s_word) = lane_cache(
@@ -211,9 +254,13 @@ class ResultPath(wiring.Component):
         row_index = gi[:(MAX_ROWS - 1).bit_length()]
         gcol = Array(Signal(8, name=f"gcol{r}") for r in range(MAX_ROWS))
         gidx = Array(Signal(16, name=f"gidx{r}") for r in range(MAX_ROWS))
-        # The current row's position in registers: looked up when a piece is loaded (no
-        # element is pushed in that cycle, so the previous piece's update is in), stepped
-        # with each element and written back to the row's entry.
+        ghit = Array(Signal(name=f"ghit{r}") for r in range(MAX_ROWS))
+        # The current row's position in registers: loaded with a piece, stepped with each
+        # element and written back to the row's entry once the piece has no element left
+        # (from registers: the element handshake drives no row decoder).  ``ghit`` keeps a
+        # row's group_hit, so that no compare follows the lookup.  The held row's entry is
+        # read into ``look`` registers a cycle ahead; a piece of the row being written back
+        # in its load cycle, or the cycle before, takes the written position instead.
         cur_gcol = Signal(8)
         cur_gidx = Signal(16)
         group_hit = Signal()                       # cur_gcol = GroupN - 1
@@ -233,9 +280,11 @@ class ResultPath(wiring.Component):
         sources = ({SrcKind.FP32} if cfg.float_types else set()) | \
             ({SrcKind.S32, SrcKind.U32} if cfg.int_types else set())
         reductions = {kind: MaxReduce(sources, MAX_ROWS) for kind in ("row", "group")}
+        # The reductions take their operands from registers (a stage after the element
+        # handshake, issue #9), so the line is a cycle longer than their latency.
         line = [Signal(data.StructLayout({"valid": 1, "row": 16,
                                           "group": 16, "row_last": 1, "group_last": 1}),
-                       name=f"red_line{t}") for t in range(reductions["row"].latency)]
+                       name=f"red_line{t}") for t in range(1 + reductions["row"].latency)]
         red_busy = Cat(*(st.valid & (st.row_last | st.group_last) for st in line)).any()
 
         row_hold_valid = Signal()
@@ -259,25 +308,44 @@ class ResultPath(wiring.Component):
                          elt.eq((ser_j + 1 < cols) & (gj + 1 < run.n)),
                          row_last.eq(gj + 2 == run.n),
                          q_addr.eq(q_addr + 1), a_addr.eq(a_addr + 1),
-                         gcol[row_index].eq(next_gcol), gidx[row_index].eq(next_gidx),
                          cur_gcol.eq(next_gcol), cur_gidx.eq(next_gidx),
                          group_hit.eq(next_gcol == group_end)]
-        with m.If(keep):
-            new_row = (row0 + d_row)[:len(row_index)]
-            new_gcol = Mux(col0 == 0, 0, gcol[new_row])
-            m.d.sync += [cur_gcol.eq(new_gcol), cur_gidx.eq(Mux(col0 == 0, 0, gidx[new_row])),
-                         group_hit.eq(new_gcol == group_end)]
-        with m.If(buf_valid & ~element):
-            m.d.sync += buf_valid.eq(0)
-        with m.If(keep):
-            m.d.sync += buf_valid.eq(1)
+        position = Cat(cur_gcol, cur_gidx, group_hit)
+        write_back = buf_valid & ~elt
+        with m.If(write_back):
+            m.d.sync += [buf_valid.eq(0),
+                         Cat(gcol[row_index], gidx[row_index], ghit[row_index]).eq(position)]
+        new_row = held_row[:len(row_index)]
+        look = Signal(len(position))
+        written = Signal(len(position))
+        written_valid = Signal()
+        written_row = Signal(len(row_index))
+        m.d.sync += [look.eq(Cat(gcol[new_row], gidx[new_row], ghit[new_row])),
+                     written_valid.eq(write_back), written_row.eq(row_index),
+                     written.eq(position)]
+        with m.If(load):
+            first_piece = Cat(Const(0, len(cur_gcol) + len(cur_gidx)), group_end == 0)
+            m.d.sync += [
+                buf_valid.eq(1),
+                position.eq(Mux(held_col0 == 0, first_piece,
+                                Mux(write_back & (row_index == new_row), position,
+                                    Mux(written_valid & (written_row == new_row), written,
+                                        look))))]
 
-        for kind, first, last, seed_en in (("row", col_first, row_last, plan.row_max_init),
-                                           ("group", cur_gcol == 0, group_last, 0)):
+        red_in = Signal(data.StructLayout({"valid": 1, "index": len(row_index), "value": 32,
+                                           "seed": 32, "row_first": 1, "row_last": 1,
+                                           "group_first": 1, "group_last": 1}))
+        m.d.sync += red_in.eq(Cat(push, row_index, elem, seed, col_first, row_last,
+                                  cur_gcol == 0, group_last))
+        for kind, first, last, seed_en in (("row", red_in.row_first, red_in.row_last,
+                                            plan.row_max_init),
+                                           ("group", red_in.group_first, red_in.group_last,
+                                            0)):
             red = m.submodules[f"{kind}_max"] = reductions[kind]
-            m.d.comb += [red.src.eq(src), red.max_abs.eq(plan.max_abs), red.valid.eq(push),
-                         red.index.eq(row_index), red.value.eq(elem), red.first.eq(first),
-                         red.last.eq(last), red.seed.eq(seed), red.seed_en.eq(seed_en)]
+            m.d.comb += [red.src.eq(src), red.max_abs.eq(plan.max_abs),
+                         red.valid.eq(red_in.valid), red.index.eq(red_in.index),
+                         red.value.eq(red_in.value), red.first.eq(first), red.last.eq(last),
+                         red.seed.eq(red_in.seed), red.seed_en.eq(seed_en)]
         m.d.sync += line[0].eq(Cat(push, gi, cur_gidx, row_last & plan.row_max,
                                    group_last & plan.group_max))
         for t in range(1, len(line)):
@@ -318,8 +386,14 @@ class ResultPath(wiring.Component):
         c_bank = coords.r_data[:row_bits]
         c_row = coords.r_data[row_bits:row_bits + 16]
         c_col = coords.r_data[row_bits + 16:row_bits + 32]
-        e_addr, e_off = word_and_offset(run.d.base,
-                                            cube_m_bits(run.m32, run.d_log2w, c_row, c_col), aw)
+        # An element's bit address in D and its bits take a register stage of their own
+        # (``e``) before the word address, shift and mask (issue #9).
+        e_valid = Signal()
+        e_bank = Signal(row_bits)
+        e_bits = Signal(BIT_ADDR_WIDTH)
+        e_data = Signal(32)
+        e_row_end = Signal()
+        e_addr, e_off = word_and_offset(run.d.base, e_bits, aw)
         # The writer works on a register of the element's word, bits and mask.
         d_valid = Signal()
         d_bank = Signal(row_bits)
@@ -362,18 +436,25 @@ class ResultPath(wiring.Component):
         d_free = ~wr_d_valid | d_taken
         d_here = d_valid & d_free
         d_used = d_here & ~(conflict & d_row_end)
-        d_load = coords.r_rdy & dq.r_rdy & (~d_valid | d_used)
-        m.d.comb += [coords.r_en.eq(d_load), dq.r_en.eq(d_load)]
+        d_load = e_valid & (~d_valid | d_used)
+        e_load = coords.r_rdy & dq.r_rdy & (~e_valid | d_load)
+        m.d.comb += [coords.r_en.eq(e_load), dq.r_en.eq(e_load)]
         with m.If(d_load):
-            m.d.sync += [d_valid.eq(1), d_bank.eq(c_bank), d_addr.eq(e_addr),
-                         d_ins.eq((extract(dq.r_data, 0, run.d_log2w, 32) << e_off)[:64]),
-                         d_mask.eq(byte_mask(run.d_log2w, e_off)),
-                         d_row_end.eq(c_col + 1 == run.n)]
-            with m.If(d_here & (d_bank == c_bank)):
+            m.d.sync += e_valid.eq(0)
+        with m.If(e_load):
+            m.d.sync += [e_valid.eq(1), e_bank.eq(c_bank),
+                         e_bits.eq(cube_m_bits(run.m32, run.d_log2w, c_row, c_col)),
+                         e_data.eq(extract(dq.r_data, 0, run.d_log2w, 32)),
+                         e_row_end.eq(c_col + 1 == run.n)]
+        with m.If(d_load):
+            m.d.sync += [d_valid.eq(1), d_bank.eq(e_bank), d_addr.eq(e_addr),
+                         d_ins.eq((e_data << e_off)[:64]),
+                         d_mask.eq(byte_mask(run.d_log2w, e_off)), d_row_end.eq(e_row_end)]
+            with m.If(d_here & (d_bank == e_bank)):
                 m.d.sync += cur.eq(placed)
             with m.Else():
                 for b in range(rows):
-                    with m.If(c_bank == b):
+                    with m.If(e_bank == b):
                         m.d.sync += cur.eq(Cat(*asm[b]))
         with m.Elif(d_here):
             m.d.sync += cur.eq(placed)
@@ -419,9 +500,9 @@ class ResultPath(wiring.Component):
         # ------------------------------------------------------------------
         # Run control
         # ------------------------------------------------------------------
-        idle_inside = ~buf_valid & ~post.busy & ~post.d_out.valid & ~coords.r_rdy & ~d_valid \
-            & ~Cat(*(st.valid for st in line)).any() & ~row_hold_valid & ~group_hold_valid \
-            & ~wr_d_valid & pre_done
+        idle_inside = ~held_valid & ~buf_valid & ~post.busy & ~post.d_out.valid \
+            & ~coords.r_rdy & ~e_valid & ~d_valid & ~Cat(*(st.valid for st in line)).any() \
+            & ~row_hold_valid & ~group_hold_valid & ~wr_d_valid & pre_done
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.done.eq(1)
@@ -432,7 +513,7 @@ class ResultPath(wiring.Component):
                                  pre_addr.eq(run.d.base << 4), running.eq(1)]
                     m.next = "RUN"
             with m.State("RUN"):
-                with m.If(walk_done & (junk == 0) & idle_inside):
+                with m.If(blocks_ready & walk_done & (junk == 0) & idle_inside):
                     m.d.sync += running.eq(0)
                     m.next = "IDLE"
         return m
