@@ -6,7 +6,7 @@ design and ``docs/decisions/hdl-decoder.md`` the choices it makes.  A pipeline t
 instruction per cycle:
 
 1. :class:`ParcelAligner` buffers parcels and presents the next whole instruction (length from
-   its first parcel, ruling R15); a :class:`SkidBuffer` registers it.  B.DIM reads its GPR
+   its first parcel, ruling R15); a :class:`~ptocube.hdl.skid_buffer.SkidBuffer` registers it.  B.DIM reads its GPR
    as it leaves the skid buffer.
 2. Stage M: :class:`InstructionMatcher` compares it with every form of the ISA table of
    :mod:`ptocube.model.isa` (logic generated from the table's masks, matches, field pieces and
@@ -34,9 +34,9 @@ from ..model.faults import FaultClass
 from .config import CubeConfig
 from .descriptor import (DatrLayout, DestinationLayout, DimLayout, FpatrLayout, IorLayout,
                          RecordLayout)
+from .skid_buffer import SkidBuffer
 
-__all__ = ["ParcelBeat", "ParcelAligner", "SkidBuffer", "InstructionMatcher", "BundleDecoder",
-           "PROGRESS_BOUND"]
+__all__ = ["ParcelBeat", "ParcelAligner", "InstructionMatcher", "BundleDecoder", "PROGRESS_BOUND"]
 
 #: With ``o.ready`` held high, a C.BSTOP that enters an empty aligner is executed within this
 #: many cycles (checked by the formal proof).
@@ -214,40 +214,6 @@ class ParcelAligner(wiring.Component):
                 parcel[k].eq(_or(Mux(leave[c], o[0], 0) for c, o in enumerate(candidates))),
                 code[k].eq(_or(Mux(leave[c], o[1], 0) for c, o in enumerate(candidates))),
             ]
-        return m
-
-
-class SkidBuffer(wiring.Component):
-    """A two-entry stream register whose ``i.ready`` is a register output.
-
-    It cuts the combinational ``ready`` path between two pipeline stages at full throughput:
-    the payload is registered (``o`` is valid one cycle after a transfer on ``i``), and a
-    second entry catches the transfer that arrives in the cycle ``o`` stalls.  ``level``
-    (read-only) counts the entries held.
-    """
-
-    def __init__(self, shape):
-        self.level = Signal(range(3))
-        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
-
-    def elaborate(self, platform):
-        m = Module()
-        spare = Signal.like(self.i.payload)
-        spare_valid = Signal()
-        m.d.comb += [self.i.ready.eq(~spare_valid), self.level.eq(self.o.valid + spare_valid)]
-        with m.If(~self.o.valid | self.o.ready):
-            # The output register is free at the next edge: refill it from the spare entry
-            # first, else from the input.
-            with m.If(spare_valid):
-                m.d.sync += [self.o.p.eq(spare), self.o.valid.eq(1), spare_valid.eq(0)]
-            with m.Else():
-                m.d.sync += [self.o.p.eq(self.i.p), self.o.valid.eq(self.i.valid)]
-        with m.Elif(self.i.valid & self.i.ready):
-            m.d.sync += spare_valid.eq(1)
-        # An empty spare entry follows the input whatever happens: only its valid bit waits
-        # for the handshake (the late ``valid``/``ready`` do not reach the wide enable).
-        with m.If(~spare_valid):
-            m.d.sync += spare.eq(self.i.p)
         return m
 
 

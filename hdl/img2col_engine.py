@@ -58,10 +58,10 @@ from ..model.faults import FaultClass
 from ..model.img2col import FeatureMapLayout
 from ..model.layout import Layout
 from .config import CubeConfig
-from .decoder import SkidBuffer
 from .img2col import (AddressLayout, EXTENT_WIDTH, FEATURE_MAP_DESCRIPTOR, FM_PARTS, DivMod,
                       FeatureMapPartLayout, Img2ColAddressGenerator, MulAdd, SerialProgram,
                       source_index_width)
+from .skid_buffer import SkidBuffer
 
 __all__ = ["Img2ColCheck", "CHECK_FAULT", "Img2ColJobLayout", "SourceResponseLayout",
            "DestinationWriteLayout", "Img2ColEngine"]

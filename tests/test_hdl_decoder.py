@@ -17,8 +17,8 @@ from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
-from ptocube.hdl.decoder import (BundleDecoder, InstructionMatcher, ParcelAligner, ParcelBeat,
-                                 SkidBuffer)
+from ptocube.hdl.decoder import BundleDecoder, InstructionMatcher, ParcelAligner, ParcelBeat
+from ptocube.hdl.skid_buffer import SkidBuffer
 from ptocube.hdl.descriptor import BoundExceeded, RecordLayout
 from ptocube.model import isa
 from ptocube.model.asm import assemble
