@@ -321,12 +321,14 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     # path after the descriptor memories, ``ptocube synth --paths``).
     lc = Signal(4, name=f"{name}_lc")
     m.d.comb += lc.eq(one_hot_index(phys_cols, 16))
-    e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
-    m.d.comb += e.eq(lc + lb)
     max_cells = Mux(shared, 2048, 512)
     early = (cells != 0) & (cells <= max_cells) & pow2 & (valid_cols <= phys_cols)
-    early, e, lb, cells, valid_rows = (cut(v, f"{name}_{k}_cut") for k, v in (
-        ("early", early), ("e", e), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows)))
+    # The two logarithms cross the cut and are added after it (the sum behind the column
+    # count's OR trees was the longest path of the preflight's response stage).
+    early, lc, lb, cells, valid_rows = (cut(v, f"{name}_{k}_cut") for k, v in (
+        ("early", early), ("lc", lc), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows)))
+    e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
+    m.d.comb += e.eq(lc + lb)
     cap_bits = Signal(22, name=f"{name}_cap_bits")
     m.d.comb += cap_bits.eq(cells << 10)
     rows = Signal(22, name=f"{name}_rows")
@@ -793,10 +795,11 @@ class Preflight(wiring.Component):
         sdefined = _reg(sm, self.shared_rd.defined, "sdefined_r")
         gpr_data = _reg(sm, self.gpr_rd.data, "gpr_data_r")
         word_data = _reg(sm, self.word_rd.data, "word_data_r")
-        # Local sources: the valid shape and type, whether the location must be Any.
+        # Local sources: the valid shape and type, whether the location must be Any, and
+        # which layout rule applies.
         exp = {k: Signal(w, name=f"expect_{k}") for k, w in (
             ("rows", 16), ("cols", 16), ("dtype", 5), ("any", 1), ("m_layout", 1),
-            ("n8", 1), ("c", 1))}
+            ("n8", 1))}
         expected = {
             _Pend.ROWMAX: (dm, 1, acc, 1), _Pend.QVEC: (1, dn, DataType.U64.value, 1),
             _Pend.AVEC: (1, dn, DataType.U64.value, 1), _Pend.A: (dm, dk, b.a_type, 0),
@@ -808,25 +811,24 @@ class Preflight(wiring.Component):
                 with sm.Case(kind):
                     sm.d.sync += [exp["rows"].eq(rows), exp["cols"].eq(cols),
                                   exp["dtype"].eq(dtype), exp["any"].eq(any_)]
-        sm.d.sync += [exp["m_layout"].eq(pend == _Pend.A), exp["n8"].eq(pend == _Pend.B),
-                      exp["c"].eq(pend == _Pend.C)]
+        # The layout rule: A's M layout holds M, B's is N8, else (C) A's layout.
+        sm.d.sync += [exp["m_layout"].eq(pend == _Pend.A), exp["n8"].eq(pend == _Pend.B)]
         # Shared slot j -> its role (0 A, 1 sA, 2 B, 3 sB), the stored shape (a transposed
-        # primary is stored transposed) and the type.
-        srole = Signal(2, name="shared_role")
-        with fm.If(x.a_shared & (pend_slot == 0)):
-            fm.d.comb += srole.eq(0)
-        with fm.Elif(x.a_shared & x.a_scaled & (pend_slot == 1)):
-            fm.d.comb += srole.eq(1)
-        with fm.Elif(pend_slot == x.spos_b):
-            fm.d.comb += srole.eq(2)
-        with fm.Else():
-            fm.d.comb += srole.eq(3)
-        s_rows = _reg(fm, Array([Mux(f.trans_a, dk, dm), dm, Mux(f.trans_b, dn, dk), nb])[srole],
-                      "shared_rows")
-        s_cols = _reg(fm, Array([Mux(f.trans_a, dm, dk), nb, Mux(f.trans_b, dk, dn), dn])[srole],
-                      "shared_cols")
-        s_type = _reg(fm, Array([b.a_type, Const(DataType.E8M0.value, 5), b.b_type,
-                                Const(DataType.E8M0.value, 5)])[srole], "shared_type")
+        # primary is stored transposed) and the type: per slot from the record's facts (two
+        # registers deep; SHARED_RUN comes later), then chosen by the slot of ``pend``.
+        by_role = {"rows": [Mux(f.trans_a, dk, dm), dm, Mux(f.trans_b, dn, dk), nb],
+                   "cols": [Mux(f.trans_a, dm, dk), nb, Mux(f.trans_b, dk, dn), dn],
+                   "type": [b.a_type, Const(DataType.E8M0.value, 5), b.b_type,
+                            Const(DataType.E8M0.value, 5)]}
+        per_slot = {k: [] for k in by_role}
+        for j in range(4):
+            srole = Mux(x.a_shared & (j == 0), 0,
+                        Mux(x.a_shared & x.a_scaled & (j == 1), 1,
+                            Mux(x.spos_b == j, 2, 3)))
+            for k, values in by_role.items():
+                per_slot[k].append(_reg(fm, Array(values)[srole], f"shared{j}_{k}"))
+        s_rows, s_cols, s_type = (_reg(fm, Array(per_slot[k])[pend_slot], f"shared_{k}")
+                                  for k in ("rows", "cols", "type"))
 
         # Stage 0: the registered answer against the expectation, the shape rules' first part.
         def cut(value, name):
@@ -1005,6 +1007,36 @@ class Preflight(wiring.Component):
         gemv_ok = _reg(fm, ~xc.is_gemv | (dm == 1), "gemv_ok")
         d_fits = _reg(fm, (xc.tsize_cells[0] << 7) <= tile_capacity, "d_fits")
 
+        def first_fault(name, chain):
+            """The first of ``chain`` ((condition, class, check) in the model's order) that
+            holds, registered: ``(bad, class, check)``, one register deeper than the
+            conditions.  A phase's checks in one registered verdict, so that the FSM obeys
+            one bit instead of a priority chain of conditions (issue #9)."""
+            bad = Signal(name=f"{name}_bad")
+            cls = Signal(FaultClass, name=f"{name}_class")
+            chk = Signal(Check, name=f"{name}_check")
+            fm.d.sync += bad.eq(0)
+            for cond, c, k in reversed(chain):      # the last assignment wins: the first
+                with fm.If(cond):
+                    fm.d.sync += [bad.eq(1), cls.eq(c), chk.eq(k)]
+            return bad, cls, chk
+
+        # START (two registers deep: its third cycle) and STATIC (4c, 4d, R8, 5).
+        i2c, mat = x.is_img2col, x.is_matrix
+        start_fault = first_fault("start", [
+            (~x.op_known | ~size_codes_ok | fpatr_reserved, II, Check.WELL_FORMED),
+            (i2c & b.fpatr_valid, BC, Check.WELL_FORMED),
+            (i2c & (x.sc != 0), TL, Check.WELL_FORMED),
+            (i2c & (~i2c_bindings_ok | ~i2c_ior_ok), BC, Check.WELL_FORMED),
+            (i2c & b.datr_valid & (b.datr.as_value() != 0), TL, Check.I2C_ATTRIBUTES),
+            (i2c & ~i2c_dims_ok, TL, Check.I2C_DIMENSIONS),
+            (mat & ~b.fpatr_valid, BC, Check.WELL_FORMED),
+            (mat & ~fpatr_enables_ok, TL, Check.WELL_FORMED),
+            (mat & ~x.types_ok, TL, Check.TYPES)])
+        static_fault = first_fault("static", [
+            (~datr_ok, TL, Check.DATR), (~dims_ok, TL, Check.DIMENSIONS),
+            (~attributes_ok, TL, Check.ATTRIBUTES), (~gemv_ok, TL, Check.GEMV_M)])
+
         # Step 10: each selected PE's M layout (A's, else C's, else from M) must hold M.
         # Registers of ``r.pe_layout``, which the last read's answer set four cycles or more
         # before M_LAYOUT (the MATH phases' drain and CD_INDEX).
@@ -1082,29 +1114,10 @@ class Preflight(wiring.Component):
                         fault(rec.fault, Check.RECORD, record=True)
                     with m.Elif(b.noop):
                         finish(Outcome.NOOP)
-                    with m.Elif(slot == 0):
-                        m.d.sync += slot.eq(1)          # the facts' registers settle
-                    with m.Elif(~x.op_known | ~size_codes_ok | fpatr_reserved):
-                        fault(II, Check.WELL_FORMED)
-                    with m.Elif(x.is_img2col):
-                        with m.If(b.fpatr_valid):
-                            fault(BC, Check.WELL_FORMED)
-                        with m.Elif(x.sc != 0):
-                            fault(TL, Check.WELL_FORMED)
-                        with m.Elif(~i2c_bindings_ok | ~i2c_ior_ok):
-                            fault(BC, Check.WELL_FORMED)
-                        with m.Elif(b.datr_valid & (b.datr.as_value() != 0)):
-                            fault(TL, Check.I2C_ATTRIBUTES)
-                        with m.Elif(~i2c_dims_ok):
-                            fault(TL, Check.I2C_DIMENSIONS)
-                        with m.Else():
-                            goto(Phase.IOR)
-                    with m.Elif(~b.fpatr_valid):
-                        fault(BC, Check.WELL_FORMED)
-                    with m.Elif(~fpatr_enables_ok):
-                        fault(TL, Check.WELL_FORMED)
-                    with m.Elif(~x.types_ok):
-                        fault(TL, Check.TYPES)
+                    with m.Elif(slot < 2):
+                        m.d.sync += slot.eq(slot + 1)   # the facts' registers settle
+                    with m.Elif(start_fault[0]):
+                        fault(start_fault[1], start_fault[2])
                     with m.Else():
                         goto(Phase.IOR)       # which checks the counts first
 
@@ -1126,14 +1139,8 @@ class Preflight(wiring.Component):
                         m.d.sync += slot.eq(slot + 1)
 
                 with m.Case(Phase.STATIC):
-                    with m.If(~datr_ok):
-                        fault(TL, Check.DATR)
-                    with m.Elif(~dims_ok):
-                        fault(TL, Check.DIMENSIONS)
-                    with m.Elif(~attributes_ok):
-                        fault(TL, Check.ATTRIBUTES)
-                    with m.Elif(~gemv_ok):
-                        fault(TL, Check.GEMV_M)
+                    with m.If(static_fault[0]):
+                        fault(TL, static_fault[2])
                     with m.Else():
                         goto(Phase.SHARED_ENTRY)
 
