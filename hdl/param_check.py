@@ -7,7 +7,7 @@ the answer is 0.  The word layouts come from the model's
 :data:`~ptocube.model.postprocess.PREQUANT_MODES` table at elaboration.
 """
 
-from amaranth.hdl import Module
+from amaranth.hdl import Cat, Const, Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -69,19 +69,29 @@ class ParamCheck(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         word = self.quant
+
+        def modes(predicate):
+            """1 when ``mode`` is a code of ``PREQUANT_MODES`` that satisfies ``predicate``:
+            one constant bit table (a case per code was a compare and a priority mux per
+            code, 7 levels before the verdict register, ``ptocube synth --paths``)."""
+            table = sum(1 << code for code, mode in PREQUANT_MODES.items() if predicate(mode,
+                                                                                      code))
+            return Const(table, 64).bit_select(self.mode, 1)
+
+        # The word's legality for each layout of parameter word, in parallel, then the
+        # mode's: shift words, and scale words per width of the offset field.
         scale_ok = fp19_class_ok(word[13:32], allow_zero=False)
-        with m.Switch(self.mode):
-            for code, mode in PREQUANT_MODES.items():
-                with m.Case(code):
-                    m.d.comb += self.mode_built.eq(code in self.built)
-                    if mode.param is ParamKind.NONE:
-                        continue                  # a mode without a parameter takes no word
-                    if mode.shift:
-                        m.d.comb += self.quant_ok.eq((word & (_ALL ^ _SHIFT_FIELD)) == 0)
-                    else:
-                        offset = ((1 << mode.offset_width) - 1) << _OFFSET_LSB
-                        allowed = _SCALE_FIELD | offset
-                        m.d.comb += self.quant_ok.eq(((word & (_ALL ^ allowed)) == 0) & scale_ok)
+        ok = [modes(lambda mode, code: mode.param is not ParamKind.NONE and mode.shift)
+              & ((word & (_ALL ^ _SHIFT_FIELD)) == 0)]
+        widths = sorted({mode.offset_width for mode in PREQUANT_MODES.values()
+                         if mode.param is not ParamKind.NONE and not mode.shift})
+        for width in widths:
+            allowed = _SCALE_FIELD | ((1 << width) - 1) << _OFFSET_LSB
+            ok.append(modes(lambda mode, code: mode.param is not ParamKind.NONE
+                            and not mode.shift and mode.offset_width == width)
+                      & ((word & (_ALL ^ allowed)) == 0) & scale_ok)
+        m.d.comb += [self.quant_ok.eq(Cat(*ok).any()),
+                     self.mode_built.eq(modes(lambda mode, code: code in self.built))]
         alpha = self.alpha
         m.d.comb += self.alpha_ok.eq((alpha[19:] == 0)
                                      & fp19_class_ok(alpha[0:19], allow_zero=True))

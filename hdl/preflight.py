@@ -146,6 +146,13 @@ class _Pend(enum.Enum, shape=4):
     BIAS = 13
 
 
+#: Cycles a phase waits after its last read before the next phase checks anything: a read
+#: issued in cycle t is checked in t+5 (the response pipeline), the next phase's first
+#: cycle, where that check has priority - the model's order is kept.  Counted, not read off
+#: the pipeline, so that every waiting phase ends within a fixed number of cycles (the
+#: formal proof's ranking cannot wrap around).
+_DRAIN = 3
+
 #: Roles of the per-PE slots of the POST phase (slot = pe * 8 + role): each vector tile's
 #: descriptor, then its N words (issued from the same slot).
 _POST_ROLES = (_Pend.ROWMAX, _Pend.QVEC, _Pend.QWORD, _Pend.AVEC, _Pend.AWORD)
@@ -314,12 +321,14 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     # path after the descriptor memories, ``ptocube synth --paths``).
     lc = Signal(4, name=f"{name}_lc")
     m.d.comb += lc.eq(one_hot_index(phys_cols, 16))
-    e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
-    m.d.comb += e.eq(lc + lb)
     max_cells = Mux(shared, 2048, 512)
     early = (cells != 0) & (cells <= max_cells) & pow2 & (valid_cols <= phys_cols)
-    early, e, lb, cells, valid_rows = (cut(v, f"{name}_{k}_cut") for k, v in (
-        ("early", early), ("e", e), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows)))
+    # The two logarithms cross the cut and are added after it (the sum behind the column
+    # count's OR trees was the longest path of the preflight's response stage).
+    early, lc, lb, cells, valid_rows = (cut(v, f"{name}_{k}_cut") for k, v in (
+        ("early", early), ("lc", lc), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows)))
+    e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
+    m.d.comb += e.eq(lc + lb)
     cap_bits = Signal(22, name=f"{name}_cap_bits")
     m.d.comb += cap_bits.eq(cells << 10)
     rows = Signal(22, name=f"{name}_rows")
@@ -400,14 +409,16 @@ def _group_count(m, code, n):
     pre = Signal(17, name="group_count_pre")
     mul = Signal(12, name="group_count_mul")
     shifts = {}
-    for c in range(1, 10):
-        gn = group_n(c)
-        s = (gn & -gn).bit_length() - 1
-        q = gn >> s
-        limit = ((1 << 16) + (1 << s) - 1 >> s) + q
-        shifts[c] = (0, 1) if q == 1 else _reciprocal(q, limit)[::-1]
-        with m.If(code == c):
-            m.d.sync += [pre.eq(((n + (1 << s) - 1) >> s) + q - 1), mul.eq(shifts[c][1])]
+    with m.Switch(code):
+        for c in range(1, 10):
+            gn = group_n(c)
+            s = (gn & -gn).bit_length() - 1
+            q = gn >> s
+            limit = ((1 << 16) + (1 << s) - 1 >> s) + q
+            shifts[c] = (0, 1) if q == 1 else _reciprocal(q, limit)[::-1]
+            # ceil(N / 2**s) + q - 1 == (N + GroupN - 1) >> s: one addition.
+            with m.Case(c):
+                m.d.sync += [pre.eq((n + gn - 1) >> s), mul.eq(shifts[c][1])]
     product = _reg(m, pre * mul, "group_count_product")
     out = Signal(16, name="group_count")
     with m.Switch(code):
@@ -432,24 +443,26 @@ def _mode_table(m, mode, config):
     """Facts of the PreQuantMode table for the current ``mode`` code."""
     from .postprocess import built_modes        # postprocess does not import this module
     built = built_modes(config)
-    f = {"known": Signal(name="mode_known"), "source": Signal(5, name="mode_source"),
-         "d": Signal(5, name="mode_d"), "param": Signal(ParamSource, name="mode_param"),
-         "rmode_free": Signal(name="mode_rmode_free"), "sat_free": Signal(name="mode_sat_free"),
-         "built": Signal(name="mode_built")}
     params = {ParamKind.NONE: ParamSource.NONE, ParamKind.SCALAR: ParamSource.SCALAR,
               ParamKind.VECTOR: ParamSource.VECTOR}
-    with m.Switch(mode):
-        for code, row in PREQUANT_MODES.items():
-            with m.Case(code):
-                m.d.comb += [
-                    f["known"].eq(1),
-                    f["source"].eq(0 if row.source is None else row.source.value),
-                    f["d"].eq(0 if row.d_dtype is None else row.d_dtype.value),
-                    f["param"].eq(params[row.param]),
-                    f["rmode_free"].eq(row.rmode_free),
-                    f["sat_free"].eq(row.sat_free),
-                    f["built"].eq(code in built),
-                ]
+    columns = {
+        "known": (1, lambda code, row: 1),
+        "source": (5, lambda code, row: 0 if row.source is None else row.source.value),
+        "d": (5, lambda code, row: 0 if row.d_dtype is None else row.d_dtype.value),
+        "param": (ParamSource, lambda code, row: params[row.param].value),
+        "rmode_free": (1, lambda code, row: int(row.rmode_free)),
+        "sat_free": (1, lambda code, row: int(row.sat_free)),
+        "built": (1, lambda code, row: int(code in built)),
+    }
+    # Each bit a constant indexed by the code (a 6-input function: a LUT and its muxes),
+    # not a case per code (a compare per code and a priority mux: 8 levels on the facts).
+    f = {}
+    for key, (shape, value) in columns.items():
+        f[key] = Signal(shape, name=f"mode_{key}")
+        width = Value.cast(f[key]).shape().width
+        m.d.comb += Value.cast(f[key]).eq(Cat(*(
+            _in_set(mode, [c for c, row in PREQUANT_MODES.items() if value(c, row) >> i & 1])
+            for i in range(width))))
     return f
 
 
@@ -594,16 +607,16 @@ class Preflight(wiring.Component):
         x.b_local = _sig(m, sc == 0, "b_local")
         x.a_shared = _sig(m, (sc != 0) & ~x.a_local, "a_shared")
         x.b_shared = _sig(m, sc != 0, "b_shared")
-        pos = {k: Signal(4, name=f"pos_{k}") for k in ("a", "b", "bias", "rowmax", "qvec",
-                                                       "avec")}
-        m.d.comb += [
-            pos["a"].eq(x.uses_acc),
-            pos["b"].eq(pos["a"] + Mux(x.a_local, x.left, 0)),
-            pos["bias"].eq(pos["b"] + Mux(x.b_local, x.right, 0)),
-            pos["rowmax"].eq(pos["bias"] + x.uses_bias),
-            pos["qvec"].eq(pos["rowmax"] + x.rowmax_in),
-            pos["avec"].eq(pos["qvec"] + x.vector_quant),
-        ]
+        # Each position counts the operands before it: a sum of registered one-bit facts,
+        # registered (a chain of additions from the record and the list index behind it
+        # were 10 levels; the indices are three registers deep, and the per-PE phases that
+        # use them come at least six cycles after START's first).
+        before = [_reg(m, v, f"pos_term{i}") for i, v in enumerate((
+            x.uses_acc, x.a_local, x.a_local & x.a_scaled, x.b_local, x.b_local & x.b_scaled,
+            x.uses_bias, x.rowmax_in, x.vector_quant))]
+        pos = {k: _reg(m, sum(before[:n]), f"pos_{k}")
+               for k, n in (("a", 1), ("b", 3), ("bias", 5), ("rowmax", 6), ("qvec", 7),
+                            ("avec", 8))}
         x.spos_b = _sig(m, Mux(x.a_shared, x.left, 0), "shared_pos_b")
         local, shared = b.local_sources, b.shared_sources
         a_index = Mux(x.a_shared, shared[0], local[pos["a"]])
@@ -724,176 +737,190 @@ class Preflight(wiring.Component):
             fm.d.comb += cols16.eq(cols)
             legal, _ = ordinary_shape(fm, dtype=acc, cells=cells, phys_cols=cols16,
                                       valid_rows=dm, valid_cols=cols16, shared=0,
-                                      name=f"aux{j}", cut=fcut)
+                                      name=f"aux{j}", cut=fcut, cut_rows=fcut)
             aux_legal.append(_reg(fm, legal, f"aux{j}_legal_q"))
         aux_is_group = slot[0]                  # AUX_SHAPE: slot 0 RowMaxOut, 1 GroupMaxOut
 
         counts_ok = _reg(fm, self._counts_ok(x), "counts_ok")
         ior_reads = _reg(fm, Mux(b.ior_valid, Mux(xc.is_img2col, 2, xc.n_slots), 0), "ior_reads")
+        # IOR ends at this slot: after its reads and the drain (TIMG2COL: posM and posK are
+        # not checked, so no drain).
+        ior_end = _reg(fm, Mux(b.ior_valid & xc.is_matrix & (xc.n_slots != 0),
+                               xc.n_slots + _DRAIN, ior_reads), "ior_end")
         dm_le16 = _reg(fm, dm <= 16, "dm_le16")
         dm_le32 = _reg(fm, dm <= 32, "dm_le32")
 
         # ---- the response pipeline ----------------------------------------------------
-        # A read issued in cycle t is answered in t+1 (stage 0: ``pend`` names the check
-        # due); the answer and the first half of the shape rules are registered then.  In
-        # t+2 (stage 1, ``pend1``) the check but for the CUBE CELL count is computed into
-        # ``pend2_ok``, with that count's product; in t+3 (stage 2) the count's comparisons
-        # complete it into ``pend3_ok``, which the FSM obeys in t+4 (stage 3).  Checks stay
-        # in read order; a phase moves on to a checking phase only once every read's check
-        # is due by its first cycle (``drained``).
+        # A read issued in cycle t is answered in t+1 (``pend`` names the check due); the
+        # answer is registered as it comes, nothing else (a block RAM's unregistered output
+        # leaves room for no logic).  In t+2 (stage 0, ``pend0``) the registered answer is
+        # compared with the expected shape (registered from ``pend`` in t+1) and the first
+        # third of the shape rules is computed; in t+3 (stage 1, ``pend1``) the check of the
+        # read's kind is chosen into ``pend2_ok``, with the CUBE CELL count's product and the
+        # ordinary rule's shifts; in t+4 (stage 2) their comparisons complete it into
+        # ``pend3_ok``, which the FSM obeys in t+5.  Checks stay in read order; a phase moves
+        # on to a checking phase only :data:`_DRAIN` cycles after its last read, when every
+        # read's check is due by its first cycle.
+        pend0 = Signal(_Pend, name="pend0")
+        pend0_pe = Signal(2, name="pend0_pe")
+        pend0_slot = Signal(2, name="pend0_slot")
+        pend0_zero = Signal(name="pend0_gpr_zero")
         pend1 = Signal(_Pend, name="pend1")
         pend1_pe = Signal(2, name="pend1_pe")
         pend1_slot = Signal(2, name="pend1_slot")
         pend2_pe = Signal(2, name="pend2_pe")
         pend2_ok = Signal(name="pend2_ok", init=1)
         pend2_cube = Signal(name="pend2_cube")
+        pend2_ord = Signal(name="pend2_ord")
         pend2_check = Signal(Check, name="pend2_check")
         pend3_pe = Signal(2, name="pend3_pe")
         pend3_ok = Signal(name="pend3_ok", init=1)
         pend3_check = Signal(Check, name="pend3_check")
         with m.If(phase == Phase.IDLE):
-            m.d.sync += [pend1.eq(_Pend.NONE), pend2_ok.eq(1), pend2_cube.eq(0), pend3_ok.eq(1)]
+            m.d.sync += [pend0.eq(_Pend.NONE), pend1.eq(_Pend.NONE), pend2_ok.eq(1),
+                         pend2_cube.eq(0), pend2_ord.eq(0), pend3_ok.eq(1)]
         with m.Else():
-            m.d.sync += [pend1.eq(pend), pend1_pe.eq(pend_pe), pend1_slot.eq(pend_slot),
+            m.d.sync += [pend0.eq(pend), pend0_pe.eq(pend_pe), pend0_slot.eq(pend_slot),
+                         pend0_zero.eq(pend_zero),
+                         pend1.eq(pend0), pend1_pe.eq(pend0_pe), pend1_slot.eq(pend0_slot),
                          pend2_pe.eq(pend1_pe),
                          pend3_pe.eq(pend2_pe), pend3_check.eq(pend2_check)]
         pend_ok, pend_check, pend_pe_due = pend3_ok, pend3_check, pend3_pe
 
-        # Stage 0: the raw answers.
-        raw, sraw = self.tile_rd.desc, self.shared_rd.desc
-        desc, sdesc = Signal(TileDescLayout, name="desc_q"), Signal(SharedDescLayout,
-                                                                    name="sdesc_q")
-        m.d.sync += [desc.eq(raw), sdesc.eq(sraw)]
-        defined = _reg(sm, self.tile_rd.defined, "defined_q")
-        sdefined = _reg(sm, self.shared_rd.defined, "sdefined_q")
-        desc_cap_ok = _reg(sm, cap_ok(raw.cells), "desc_capacity_ok")
+        # t+1: the answers, registered; and what the answer must show, from ``pend``.
+        desc, sdesc = Signal(TileDescLayout, name="desc_r"), Signal(SharedDescLayout,
+                                                                    name="sdesc_r")
+        m.d.sync += [desc.eq(self.tile_rd.desc), sdesc.eq(self.shared_rd.desc)]
+        defined = _reg(sm, self.tile_rd.defined, "defined_r")
+        sdefined = _reg(sm, self.shared_rd.defined, "sdefined_r")
+        gpr_data = _reg(sm, self.gpr_rd.data, "gpr_data_r")
+        word_data = _reg(sm, self.word_rd.data, "word_data_r")
+        # Local sources: the valid shape and type, whether the location must be Any, and
+        # which layout rule applies.
+        exp = {k: Signal(w, name=f"expect_{k}") for k, w in (
+            ("rows", 16), ("cols", 16), ("dtype", 5), ("any", 1), ("m_layout", 1),
+            ("n8", 1))}
+        expected = {
+            _Pend.ROWMAX: (dm, 1, acc, 1), _Pend.QVEC: (1, dn, DataType.U64.value, 1),
+            _Pend.AVEC: (1, dn, DataType.U64.value, 1), _Pend.A: (dm, dk, b.a_type, 0),
+            _Pend.C: (dm, dn, acc, 0), _Pend.SA: (dm, nb, DataType.E8M0.value, 0),
+            _Pend.B: (dk, dn, b.b_type, 0), _Pend.SB: (nb, dn, DataType.E8M0.value, 0),
+            _Pend.BIAS: (1, dn, acc, 0)}
+        with sm.Switch(pend):
+            for kind, (rows, cols, dtype, any_) in expected.items():
+                with sm.Case(kind):
+                    sm.d.sync += [exp["rows"].eq(rows), exp["cols"].eq(cols),
+                                  exp["dtype"].eq(dtype), exp["any"].eq(any_)]
+        # The layout rule: A's M layout holds M, B's is N8, else (C) A's layout.
+        sm.d.sync += [exp["m_layout"].eq(pend == _Pend.A), exp["n8"].eq(pend == _Pend.B)]
+        # Shared slot j -> its role (0 A, 1 sA, 2 B, 3 sB), the stored shape (a transposed
+        # primary is stored transposed) and the type: per slot from the record's facts (two
+        # registers deep; SHARED_RUN comes later), then chosen by the slot of ``pend``.
+        by_role = {"rows": [Mux(f.trans_a, dk, dm), dm, Mux(f.trans_b, dn, dk), nb],
+                   "cols": [Mux(f.trans_a, dm, dk), nb, Mux(f.trans_b, dk, dn), dn],
+                   "type": [b.a_type, Const(DataType.E8M0.value, 5), b.b_type,
+                            Const(DataType.E8M0.value, 5)]}
+        per_slot = {k: [] for k in by_role}
+        for j in range(4):
+            srole = Mux(x.a_shared & (j == 0), 0,
+                        Mux(x.a_shared & x.a_scaled & (j == 1), 1,
+                            Mux(x.spos_b == j, 2, 3)))
+            for k, values in by_role.items():
+                per_slot[k].append(_reg(fm, Array(values)[srole], f"shared{j}_{k}"))
+        s_rows, s_cols, s_type = (_reg(fm, Array(per_slot[k])[pend_slot], f"shared_{k}")
+                                  for k in ("rows", "cols", "type"))
 
+        # Stage 0: the registered answer against the expectation, the shape rules' first part.
         def cut(value, name):
             return _reg(sm, value, name)
 
         ord_in = {k: Signal(w, name=f"ord_{k}") for k, w in (
             ("dtype", 5), ("cells", 12), ("phys_cols", 16), ("valid_rows", 16),
             ("valid_cols", 16), ("shared", 1))}
-        ord_legal, _ = ordinary_shape(sm, name="ord", cut=cut, **ord_in)
-        cube_legal, _, _ = cube_shape(sm, name="cube", cut=cut, cut_need=cut, layout=raw.layout,
-                                      dtype=raw.dtype, rows=raw.valid_rows,
-                                      cols=raw.valid_cols, cells=raw.cells)
-        with m.If(pend == _Pend.SHARED):
-            m.d.comb += [ord_in["dtype"].eq(sraw.dtype), ord_in["cells"].eq(sraw.cells),
-                         ord_in["phys_cols"].eq(sraw.phys_cols),
-                         ord_in["valid_rows"].eq(sraw.valid_rows),
-                         ord_in["valid_cols"].eq(sraw.valid_cols), ord_in["shared"].eq(1)]
+        ord_legal, _ = ordinary_shape(sm, name="ord", cut=cut, cut_rows=cut, **ord_in)
+        cube_legal, _, _ = cube_shape(sm, name="cube", cut=cut, cut_need=cut,
+                                      layout=desc.layout, dtype=desc.dtype,
+                                      rows=desc.valid_rows, cols=desc.valid_cols,
+                                      cells=desc.cells)
+        with m.If(pend0 == _Pend.SHARED):
+            m.d.comb += [ord_in["dtype"].eq(sdesc.dtype), ord_in["cells"].eq(sdesc.cells),
+                         ord_in["phys_cols"].eq(sdesc.phys_cols),
+                         ord_in["valid_rows"].eq(sdesc.valid_rows),
+                         ord_in["valid_cols"].eq(sdesc.valid_cols), ord_in["shared"].eq(1)]
         with m.Else():
-            m.d.comb += [ord_in["dtype"].eq(raw.dtype), ord_in["cells"].eq(raw.cells),
-                         ord_in["phys_cols"].eq(raw.phys_cols),
-                         ord_in["valid_rows"].eq(raw.valid_rows),
-                         ord_in["valid_cols"].eq(raw.valid_cols)]
+            m.d.comb += [ord_in["dtype"].eq(desc.dtype), ord_in["cells"].eq(desc.cells),
+                         ord_in["phys_cols"].eq(desc.phys_cols),
+                         ord_in["valid_rows"].eq(desc.valid_rows),
+                         ord_in["valid_cols"].eq(desc.valid_cols)]
 
-        gpr_word = Mux(pend_zero, 0, self.gpr_rd.data)
-        word_q = _reg(sm, Mux(pend == _Pend.GPR, gpr_word, self.word_rd.data), "param_word_q")
-        with m.If(pend == _Pend.GPR):
-            m.d.sync += r.gpr_val[pend_slot[0]].eq(gpr_word)
-        # A's layout (C's when A is Shared) is D's on that PE; kept from the raw answer so
-        # that C's rule, read the cycle after A on the same PE, can compare with it.
-        with m.If((pend == _Pend.A) | ((pend == _Pend.C) & ~x.a_local)):
-            m.d.sync += r.pe_layout[pend_pe].eq(raw.layout)
-        c_layout_ok = _reg(sm, ~x.a_local | (raw.layout == r.pe_layout[pend_pe]), "c_layout_ok")
-
-        # Stage 1: the check of the registered answer.
+        gpr_word = Mux(pend0_zero, 0, gpr_data)
+        with m.If(pend0 == _Pend.GPR):
+            m.d.sync += r.gpr_val[pend0_slot[0]].eq(gpr_word)
         m.submodules.param = param = ParamCheck(cfg)
-        m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word_q),
-                     param.alpha.eq(word_q)]
+        word0 = Mux(pend0 == _Pend.GPR, gpr_word, word_data)
+        m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word0),
+                     param.alpha.eq(word0)]
+        quant_ok = _reg(sm, param.quant_ok, "quant_ok_q")
+        alpha_ok = _reg(sm, param.alpha_ok, "alpha_ok_q")
+        # A's layout (C's when A is Shared) is D's on that PE; kept from the answer so that
+        # C's rule, read the cycle after A on the same PE, can compare with it.
+        with m.If((pend0 == _Pend.A) | ((pend0 == _Pend.C) & ~x.a_local)):
+            m.d.sync += r.pe_layout[pend0_pe].eq(desc.layout)
+        m_holds = (((desc.layout == Layout.CUBE_M16) & dm_le16)
+                   | ((desc.layout == Layout.CUBE_M32) & dm_le32))
+        c_ok = ((~x.a_local | (desc.layout == r.pe_layout[pend0_pe]))
+                & ((f.pre_quant_mode != 0) | (desc.cells == x.tsize_cells[0])))
+        layout_ok = Mux(exp["m_layout"], m_holds,
+                        Mux(exp["n8"], desc.layout == Layout.CUBE_N8, c_ok))
+        # TileSourceContentsDefined plus the expected shape and type: what both kinds of
+        # Local source check (the shape rule itself comes in stage 2).
+        source_ok = (desc.allocated & cap_ok(desc.cells) & defined
+                     & (desc.valid_rows == exp["rows"]) & (desc.valid_cols == exp["cols"])
+                     & (desc.dtype == exp["dtype"]))
+        ordinary_ok = _reg(sm, source_ok & (desc.layout == Layout.ROW_MAJOR)
+                           & (~exp["any"] | (desc.location == TileLocation.ANY)),
+                           "ordinary_source_ok")
+        # TileMatrixLocalPrimaryInfoLegal, the layout rule of each primary.
+        cube_ok = _reg(sm, source_ok & (desc.location == TileLocation.MATRIX) & layout_ok,
+                       "cube_primary_ok")
+        shared_ok = _reg(sm, (sdesc.allocation_mask == 0xF) & (sdesc.initialized_mask == 0xF)
+                         & sdesc.published & sdefined & (sdesc.layout == Layout.ROW_MAJOR)
+                         & (sdesc.phys_cols == s_cols) & (s_rows <= sdesc.valid_rows)
+                         & (s_cols <= sdesc.valid_cols) & (sdesc.dtype == s_type),
+                         "shared_ok")
+
+        # Stage 1: the check of the read's kind.
         ok = Signal(name="pend1_ok", init=1)
         check = Signal(Check, name="pend1_check")
-
-        def ordinary_source(rows, cols, dtype, need_any):
-            """TileSourceContentsDefined plus the expected shape, type (and location Any)."""
-            return (desc.allocated & (desc.layout == Layout.ROW_MAJOR) & desc_cap_ok
-                    & ord_legal & defined & (desc.valid_rows == rows)
-                    & (desc.valid_cols == cols) & (desc.dtype == dtype)
-                    & (~need_any | (desc.location == TileLocation.ANY)))
-
-        def cube_primary(rows, cols, dtype, layout_ok):
-            """TileMatrixLocalPrimaryInfoLegal, the layout rule given as ``layout_ok``."""
-            return (desc.allocated & (desc.location == TileLocation.MATRIX)
-                    & desc_cap_ok & defined
-                    & (desc.valid_rows == rows) & (desc.valid_cols == cols)
-                    & (desc.dtype == dtype) & layout_ok)
-
-        m_holds = _sig(sm, ((desc.layout == Layout.CUBE_M16) & dm_le16)
-                       | ((desc.layout == Layout.CUBE_M32) & dm_le32), "m_holds")
-        # Shared slot j -> its role (0 A, 1 sA, 2 B, 3 sB), the stored shape (a transposed
-        # primary is stored transposed) and the type: registered in stage 0 for stage 1.
-        srole = Signal(2, name="shared_role")
-        with fm.If(x.a_shared & (pend_slot == 0)):
-            fm.d.comb += srole.eq(0)
-        with fm.Elif(x.a_shared & x.a_scaled & (pend_slot == 1)):
-            fm.d.comb += srole.eq(1)
-        with fm.Elif(pend_slot == x.spos_b):
-            fm.d.comb += srole.eq(2)
-        with fm.Else():
-            fm.d.comb += srole.eq(3)
-        s_rows = _reg(fm, Array([Mux(f.trans_a, dk, dm), dm, Mux(f.trans_b, dn, dk), nb])[srole],
-                      "shared_rows")
-        s_cols = _reg(fm, Array([Mux(f.trans_a, dm, dk), nb, Mux(f.trans_b, dk, dn), dn])[srole],
-                      "shared_cols")
-        s_type = _reg(fm, Array([b.a_type, Const(DataType.E8M0.value, 5), b.b_type,
-                                Const(DataType.E8M0.value, 5)])[srole], "shared_type")
-
         with m.Switch(pend1):
             with m.Case(_Pend.GPR):
                 alpha_slot = (pend1_slot == 1) | ~x.scalar_quant
                 m.d.comb += [check.eq(Check.BINDINGS),
-                             ok.eq(x.is_img2col
-                                   | Mux(alpha_slot, param.alpha_ok, param.quant_ok))]
+                             ok.eq(x.is_img2col | Mux(alpha_slot, alpha_ok, quant_ok))]
             with m.Case(_Pend.SHARED):
-                m.d.comb += [
-                    check.eq(Check.SHARED),
-                    ok.eq((sdesc.allocation_mask == 0xF) & (sdesc.initialized_mask == 0xF)
-                          & sdesc.published & sdefined
-                          & (sdesc.layout == Layout.ROW_MAJOR) & ord_legal
-                          & (sdesc.phys_cols == s_cols) & (s_rows <= sdesc.valid_rows)
-                          & (s_cols <= sdesc.valid_cols) & (sdesc.dtype == s_type)),
-                ]
-            with m.Case(_Pend.ROWMAX):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(ordinary_source(dm, 1, acc, 1))]
-            with m.Case(_Pend.QVEC, _Pend.AVEC):
-                m.d.comb += [check.eq(Check.POSTPROCESS),
-                             ok.eq(ordinary_source(1, dn, DataType.U64.value, 1))]
+                m.d.comb += [check.eq(Check.SHARED), ok.eq(shared_ok)]
+            with m.Case(_Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC):
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(ordinary_ok)]
             with m.Case(_Pend.QWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param.quant_ok)]
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(quant_ok)]
             with m.Case(_Pend.AWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param.alpha_ok)]
-            with m.Case(_Pend.A):
-                m.d.comb += [check.eq(Check.MATH_SOURCES),
-                             ok.eq(cube_primary(dm, dk, b.a_type, m_holds))]
-            with m.Case(_Pend.C):
-                # C's layout must be A's; its capacity D's TSize unless D is converted.
-                capacity_ok = (f.pre_quant_mode != 0) | (desc.cells == x.tsize_cells[0])
-                m.d.comb += [check.eq(Check.MATH_SOURCES),
-                             ok.eq(cube_primary(dm, dn, acc, c_layout_ok) & capacity_ok)]
-            with m.Case(_Pend.SA):
-                m.d.comb += [check.eq(Check.MATH_SOURCES),
-                             ok.eq(ordinary_source(dm, nb, DataType.E8M0.value, 0))]
-            with m.Case(_Pend.B):
-                m.d.comb += [check.eq(Check.MATH_SOURCES),
-                             ok.eq(cube_primary(dk, dn, b.b_type,
-                                                desc.layout == Layout.CUBE_N8))]
-            with m.Case(_Pend.SB):
-                m.d.comb += [check.eq(Check.MATH_SOURCES),
-                             ok.eq(ordinary_source(nb, dn, DataType.E8M0.value, 0))]
-            with m.Case(_Pend.BIAS):
-                m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(ordinary_source(1, dn, acc, 0))]
-        # Stage 2: the CUBE sources' CELL count (``cube_legal`` is two registers deep).
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(alpha_ok)]
+            with m.Case(_Pend.A, _Pend.C, _Pend.B):
+                m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(cube_ok)]
+            with m.Case(_Pend.SA, _Pend.SB, _Pend.BIAS):
+                m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(ordinary_ok)]
+        # Stage 2: the shape rules' comparisons (``cube_legal``, ``ord_legal``: two registers
+        # deep), for the kinds whose rule they are.
         with m.If(phase != Phase.IDLE):
             m.d.sync += [pend2_ok.eq(ok), pend2_check.eq(check),
                          pend2_cube.eq((pend1 == _Pend.A) | (pend1 == _Pend.B)
                                        | (pend1 == _Pend.C)),
-                         pend3_ok.eq(pend2_ok & (~pend2_cube | cube_legal))]
+                         pend2_ord.eq(_in_set(pend1, [k.value for k in (
+                             _Pend.SHARED, _Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC, _Pend.SA,
+                             _Pend.SB, _Pend.BIAS)])),
+                         pend3_ok.eq(pend2_ok & (~pend2_cube | cube_legal)
+                                     & (~pend2_ord | ord_legal))]
         m.d.sync += pend.eq(_Pend.NONE)             # unless a phase issues a read below
-        # No read in this cycle (the phase's condition) and in the two before: every read's
-        # check is due by the next cycle, so the next phase's own check cannot overtake one.
-        drained = (pend == _Pend.NONE) & (pend1 == _Pend.NONE)
 
         # ---- verdict and transition helpers -------------------------------------------
         def fault(cls, check, pe=0, record=False):
@@ -980,6 +1007,36 @@ class Preflight(wiring.Component):
         gemv_ok = _reg(fm, ~xc.is_gemv | (dm == 1), "gemv_ok")
         d_fits = _reg(fm, (xc.tsize_cells[0] << 7) <= tile_capacity, "d_fits")
 
+        def first_fault(name, chain):
+            """The first of ``chain`` ((condition, class, check) in the model's order) that
+            holds, registered: ``(bad, class, check)``, one register deeper than the
+            conditions.  A phase's checks in one registered verdict, so that the FSM obeys
+            one bit instead of a priority chain of conditions (issue #9)."""
+            bad = Signal(name=f"{name}_bad")
+            cls = Signal(FaultClass, name=f"{name}_class")
+            chk = Signal(Check, name=f"{name}_check")
+            fm.d.sync += bad.eq(0)
+            for cond, c, k in reversed(chain):      # the last assignment wins: the first
+                with fm.If(cond):
+                    fm.d.sync += [bad.eq(1), cls.eq(c), chk.eq(k)]
+            return bad, cls, chk
+
+        # START (two registers deep: its third cycle) and STATIC (4c, 4d, R8, 5).
+        i2c, mat = x.is_img2col, x.is_matrix
+        start_fault = first_fault("start", [
+            (~x.op_known | ~size_codes_ok | fpatr_reserved, II, Check.WELL_FORMED),
+            (i2c & b.fpatr_valid, BC, Check.WELL_FORMED),
+            (i2c & (x.sc != 0), TL, Check.WELL_FORMED),
+            (i2c & (~i2c_bindings_ok | ~i2c_ior_ok), BC, Check.WELL_FORMED),
+            (i2c & b.datr_valid & (b.datr.as_value() != 0), TL, Check.I2C_ATTRIBUTES),
+            (i2c & ~i2c_dims_ok, TL, Check.I2C_DIMENSIONS),
+            (mat & ~b.fpatr_valid, BC, Check.WELL_FORMED),
+            (mat & ~fpatr_enables_ok, TL, Check.WELL_FORMED),
+            (mat & ~x.types_ok, TL, Check.TYPES)])
+        static_fault = first_fault("static", [
+            (~datr_ok, TL, Check.DATR), (~dims_ok, TL, Check.DIMENSIONS),
+            (~attributes_ok, TL, Check.ATTRIBUTES), (~gemv_ok, TL, Check.GEMV_M)])
+
         # Step 10: each selected PE's M layout (A's, else C's, else from M) must hold M.
         # Registers of ``r.pe_layout``, which the last read's answer set four cycles or more
         # before M_LAYOUT (the MATH phases' drain and CD_INDEX).
@@ -1020,10 +1077,14 @@ class Preflight(wiring.Component):
                     fm.d.sync += required.eq(sum(group_bytes << i for i in range(3) if n >> i & 1))
             with fm.Default():
                 fm.d.sync += required.eq(0)
-        capacity_ok = _reg(fm, self.alloc.capacity_in_use + required <= tile_capacity,
-                           "capacity_ok")
-        pe_fits = _reg(fm, Cat(*[~x.selected[pe] | (self.alloc.pe_bytes_in_use[pe] + group_bytes
-                                                     <= cfg.tile_bytes_per_pe)
+        # The room left, from the allocation state (held stable), against the charge: a
+        # comparison after a register instead of an addition and a comparison.
+        room = _reg(fm, tile_capacity - self.alloc.capacity_in_use, "capacity_room")
+        capacity_ok = _reg(fm, (self.alloc.capacity_in_use <= tile_capacity)
+                           & (required <= room[:32]), "capacity_ok")
+        pe_room = [_reg(fm, cfg.tile_bytes_per_pe - self.alloc.pe_bytes_in_use[pe],
+                        f"pe_room{pe}") for pe in range(PE_COUNT)]
+        pe_fits = _reg(fm, Cat(*[~x.selected[pe] | (group_bytes <= pe_room[pe])
                                  for pe in range(PE_COUNT)]).all(), "pe_fits")
         allocation_ok = _sig(fm, Cat(*found_bits).all() & capacity_ok & pe_fits,
                              "allocation_ok")
@@ -1032,9 +1093,10 @@ class Preflight(wiring.Component):
         # No read is pending in IDLE, VERDICT and HOLD: they do not wait for ``pend_ok``.
         with m.If(phase == Phase.IDLE):
             m.d.comb += self.record.ready.eq(1)
+            # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them): only
+            # the phase and the record wait for ``valid``.
             with m.If(self.record.valid):
-                m.d.sync += rec.eq(self.record.payload)
-                goto(Phase.START)
+                m.d.sync += [rec.eq(self.record.payload), phase.eq(Phase.START)]
         with m.Elif(phase == Phase.VERDICT):
             m.d.comb += self.verdict.valid.eq(1)
             with m.If(self.verdict.ready):
@@ -1052,29 +1114,10 @@ class Preflight(wiring.Component):
                         fault(rec.fault, Check.RECORD, record=True)
                     with m.Elif(b.noop):
                         finish(Outcome.NOOP)
-                    with m.Elif(slot == 0):
-                        m.d.sync += slot.eq(1)          # the facts' registers settle
-                    with m.Elif(~x.op_known | ~size_codes_ok | fpatr_reserved):
-                        fault(II, Check.WELL_FORMED)
-                    with m.Elif(x.is_img2col):
-                        with m.If(b.fpatr_valid):
-                            fault(BC, Check.WELL_FORMED)
-                        with m.Elif(x.sc != 0):
-                            fault(TL, Check.WELL_FORMED)
-                        with m.Elif(~i2c_bindings_ok | ~i2c_ior_ok):
-                            fault(BC, Check.WELL_FORMED)
-                        with m.Elif(b.datr_valid & (b.datr.as_value() != 0)):
-                            fault(TL, Check.I2C_ATTRIBUTES)
-                        with m.Elif(~i2c_dims_ok):
-                            fault(TL, Check.I2C_DIMENSIONS)
-                        with m.Else():
-                            goto(Phase.IOR)
-                    with m.Elif(~b.fpatr_valid):
-                        fault(BC, Check.WELL_FORMED)
-                    with m.Elif(~fpatr_enables_ok):
-                        fault(TL, Check.WELL_FORMED)
-                    with m.Elif(~x.types_ok):
-                        fault(TL, Check.TYPES)
+                    with m.Elif(slot < 2):
+                        m.d.sync += slot.eq(slot + 1)   # the facts' registers settle
+                    with m.Elif(start_fault[0]):
+                        fault(start_fault[1], start_fault[2])
                     with m.Else():
                         goto(Phase.IOR)       # which checks the counts first
 
@@ -1090,20 +1133,14 @@ class Preflight(wiring.Component):
                         m.d.comb += [self.gpr_rd.en.eq(reg != 0), self.gpr_rd.addr.eq(reg)]
                         m.d.sync += [pend.eq(_Pend.GPR), pend_slot.eq(slot), pend_pe.eq(0),
                                      pend_zero.eq(reg == 0), slot.eq(slot + 1)]
-                    with m.Elif(drained | x.is_img2col):      # posM/posK are not checked
+                    with m.Elif(slot >= ior_end):
                         goto(after)
                     with m.Else():
                         m.d.sync += slot.eq(slot + 1)
 
                 with m.Case(Phase.STATIC):
-                    with m.If(~datr_ok):
-                        fault(TL, Check.DATR)
-                    with m.Elif(~dims_ok):
-                        fault(TL, Check.DIMENSIONS)
-                    with m.Elif(~attributes_ok):
-                        fault(TL, Check.ATTRIBUTES)
-                    with m.Elif(~gemv_ok):
-                        fault(TL, Check.GEMV_M)
+                    with m.If(static_fault[0]):
+                        fault(TL, static_fault[2])
                     with m.Else():
                         goto(Phase.SHARED_ENTRY)
 
@@ -1121,7 +1158,7 @@ class Preflight(wiring.Component):
                                      self.shared_rd.sid.eq(b.shared_sources[slot[:2]])]
                         m.d.sync += [pend.eq(_Pend.SHARED), pend_slot.eq(slot), pend_pe.eq(0),
                                      slot.eq(slot + 1)]
-                    with m.Elif(drained):
+                    with m.Elif(slot >= x.sc + _DRAIN):
                         goto(Phase.POST_ENTRY)
                     with m.Else():
                         m.d.sync += slot.eq(slot + 1)
@@ -1161,7 +1198,7 @@ class Preflight(wiring.Component):
                     found, first = math_first
                     with m.If(found):
                         goto(Phase.MATH_RUN, first)
-                    with m.Elif(drained):
+                    with m.Elif(~post_first[0] | (word >= _DRAIN)):
                         goto(Phase.CD_INDEX)
                     with m.Else():
                         m.d.sync += word.eq(word + 1)       # POST_RUN's last checks
@@ -1179,7 +1216,7 @@ class Preflight(wiring.Component):
                             m.d.sync += slot.eq(nxt)
                         with m.Else():
                             m.d.sync += word.eq(1)
-                    with m.Elif(drained):
+                    with m.Elif(word > _DRAIN):
                         goto(Phase.CD_INDEX)
                     with m.Else():
                         m.d.sync += word.eq(word + 1)
