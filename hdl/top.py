@@ -110,10 +110,12 @@ class CubeUnit(wiring.Component):
         m.submodules.img2col = eng
 
         wiring.connect(m, wiring.flipped(self.parcels), dec.i)
-        # A record waits while the store serves a host command (decision T3).
+        # A record waits while the store serves a host command (decision T3), and in the
+        # cycle the store takes one: the host's window is a register (decision T25).
+        host_take = st.host_cmd.valid & st.host_cmd.ready
         m.d.comb += [pf.record.payload.eq(dec.o.payload),
-                     pf.record.valid.eq(dec.o.valid & st.idle),
-                     dec.o.ready.eq(pf.record.ready & st.idle)]
+                     pf.record.valid.eq(dec.o.valid & st.idle & ~host_take),
+                     dec.o.ready.eq(pf.record.ready & st.idle & ~host_take)]
         wiring.connect(m, wiring.flipped(self.host_cmd), st.host_cmd)
         wiring.connect(m, st.host_rsp, wiring.flipped(self.host_rsp))
         for name in ("tile_rd", "shared_rd", "word_rd", "gpr_rd", "alloc"):
@@ -210,8 +212,12 @@ class CubeUnit(wiring.Component):
 
         m.d.comb += self.busy.eq(pf.busy | dec.o.valid | (self.phase != 0) | ~st.idle
                                  | status_valid)
-        # The host may act only when no bundle is anywhere past the decoder.
-        m.d.comb += st.host_enable.eq(~pf.busy & ~pf.record.valid & (self.phase == 0))
+        # The host may act only when no bundle is anywhere past the decoder.  The window
+        # follows the decoder's output one cycle late, so a record that appears in the cycle
+        # a host command is taken waits for it (above); after that the record goes first.
+        host_window = Signal(name="host_window")
+        m.d.sync += host_window.eq(~pf.busy & ~dec.o.valid & (self.phase == 0))
+        m.d.comb += st.host_enable.eq(host_window)
 
         with m.FSM(name="top"):
             with m.State("IDLE"):

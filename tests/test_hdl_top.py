@@ -24,7 +24,7 @@ from ptocube.model.layout import Layout
 from ptocube.model.scenario import load_scenario, parse_scenario
 from ptocube.model.img2col import FeatureMapDescriptor
 from ptocube.model.machine import Machine
-from ptocube.model.state import Location, State, Tile
+from ptocube.model.state import Location, State, Tile, pes_of_mask
 from ptocube.sim.host import clear_state, load_state, read_tile
 from ptocube.sim.hw_run import (HardwareUnavailable, SimUnit, architectural, program_beats,
                                 run_one, run_scenarios_hw)
@@ -249,6 +249,61 @@ def test_fragmentation_faults_with_tile_allocation():
     assert out["reuse_fm"] == [0] * 6 and out["source_fm"] == fm_parts and any(fm_parts)
     assert isinstance(out["too_big"], HardwareUnavailable)
     assert "does not fit the tile memory of this build (4096 B per PE" in str(out["too_big"])
+
+
+def test_host_commands_wait_for_bundles(runs):
+    """Decisions T3 and T25: a host offering commands back to back from the cycle a record
+    appears gets none taken while a record is in the preflight, entering it, or executing;
+    the one taken as the record appears makes the record wait; the results are unchanged."""
+    scenario, plain = runs[0]
+    su = SimUnit(CONFIG, cube=False)
+    unit = su.unit
+    pf, dec = unit.preflight, unit.decoder
+    out = {"offer": False, "overlaps": 0, "raced": 0, "taken": 0, "stopped": False}
+
+    async def monitor(ctx):
+        async for _, _, *v in ctx.tick().sample(
+                unit.host_cmd.valid, unit.host_cmd.ready, pf.busy, unit.phase,
+                pf.record.valid, pf.record.ready, dec.o.valid):
+            cmd_valid, cmd_ready, busy, phase, rec_valid, rec_ready, dec_valid = v
+            if cmd_valid and cmd_ready:
+                out["taken"] += 1
+                out["overlaps"] += bool(busy or phase or (rec_valid and rec_ready))
+                out["raced"] += bool(dec_valid)
+
+    async def host(ctx):
+        # The first command is offered in the cycle the decoder's record appears; the
+        # others follow back to back until the bundle has its status.
+        while not ctx.get(dec.o.valid):
+            await ctx.tick()
+        while out["offer"]:
+            await su.transact(ctx, HostCommand(HostOp.READ_SYS, addr=0))
+        out["stopped"] = True
+
+    async def main(ctx):
+        await su.setup(ctx)
+        await su.drive(ctx, load_state(scenario.state, CONFIG))
+        out["offer"] = True
+        await su.send_beats(ctx, program_beats(scenario.program))
+        while not su.statuses:
+            await ctx.tick()
+        out["offer"] = False
+        while not out["stopped"]:
+            await ctx.tick()
+        await su.drain(ctx)
+        status, = su.statuses
+        out["status"] = status
+        out["published"] = [await su.drive(ctx, read_tile(pe, index))
+                            for pe in pes_of_mask(status.pe_mask) for index in status.outputs]
+
+    su.sim.add_testbench(monitor, background=True)
+    su.sim.add_testbench(host)
+    su.run(main)
+    assert out["overlaps"] == 0
+    # The host was served in the cycle the record appeared, and again after the bundle.
+    assert out["raced"] == 1 and out["taken"] > 2
+    assert out["status"].outcome is StatusOutcome.SUCCESS
+    assert out["published"] == plain["bundles"][0]["published"]
 
 
 @pytest.mark.parametrize("k", range(len(MATRIX_EXAMPLES)))
