@@ -411,7 +411,7 @@ class OperandFeed(FeedComponent):
 
     # ---- bit addresses: a lane's row (or column) part plus its operand's K part ----------
     # Each K part is two halves: the shifts of k by a run fact (``_*_kshifts``), then their
-    # merge (``_*_kjoin``), so that a feed may register between them.
+    # merge (``_kjoin``), so that a feed may register between them.
     @staticmethod
     def _a_kshifts(f, kk):
         """k's CELL index, its swapped index in the CELL and its row-major part."""
@@ -420,26 +420,20 @@ class OperandFeed(FeedComponent):
         return (kk >> f.a_cc)[:f.sw], swapped[:8], (kk << f.a_k_sh)[:f.sw]
 
     @staticmethod
-    def _a_kjoin(f, shifts):
-        cell, index, linear = shifts
-        return Mux(f.a_cell, (cell << 10) | (index << f.a_w), linear)[:f.sw]
-
-    @classmethod
-    def _a_kpart(cls, f, kk):
-        return cls._a_kjoin(f, cls._a_kshifts(f, kk))
-
-    @staticmethod
     def _b_kshifts(f, kk):
         return (kk >> f.b_cr)[:f.sw], (kk & _mask(f.b_cr)[:8])[:8], (kk << f.b_k_sh)[:f.sw]
 
     @staticmethod
-    def _b_kjoin(f, shifts):
+    def _kjoin(f, operand, shifts):
+        """Operand ``"a"`` or ``"b"``'s K part from its shifts: CELL-ordered or linear."""
         cell, index, linear = shifts
-        return Mux(f.b_cell, (cell << 10) | (index << f.b_w), linear)[:f.sw]
+        cells, width = getattr(f, f"{operand}_cell"), getattr(f, f"{operand}_w")
+        return Mux(cells, (cell << 10) | (index << width), linear)[:f.sw]
 
     @classmethod
-    def _b_kpart(cls, f, kk):
-        return cls._b_kjoin(f, cls._b_kshifts(f, kk))
+    def _kpart(cls, f, operand, kk):
+        shifts = cls._a_kshifts if operand == "a" else cls._b_kshifts
+        return cls._kjoin(f, operand, shifts(f, kk))
 
     @staticmethod
     def _sa_kpart(kk):
@@ -492,7 +486,6 @@ class OperandFeed(FeedComponent):
         def reg(width, name):
             return Signal(width, name=name)
 
-        a_kpart, b_kpart = (lambda kk: self._a_kpart(f, kk)), (lambda kk: self._b_kpart(f, kk))
         p2_slot, p2_real, p2_bias, p2_first = (reg(len(p1.slot), "p2_slot"), reg(1, "p2_real"),
                                                reg(1, "p2_bias"), reg(1, "p2_first"))
         p2_gi = [reg(16, f"p2_row{i}") for i in range(rows)]
@@ -506,9 +499,10 @@ class OperandFeed(FeedComponent):
         with m.If(adv):
             m.d.sync += [p2_valid.eq(p1.valid), p2_slot.eq(p1.slot), p2_real.eq(p1.real),
                          p2_bias.eq(p1.bias), p2_first.eq(p1.first),
-                         p2_ka.eq(a_kpart(p1.k)), p2_ka_next.eq(a_kpart(p1.ka)),
-                         p2_kb.eq(Mux(p1.bias, 0, b_kpart(p1.k))),
-                         p2_kb_next.eq(b_kpart(p1.kb)),
+                         p2_ka.eq(self._kpart(f, "a", p1.k)),
+                         p2_ka_next.eq(self._kpart(f, "a", p1.ka)),
+                         p2_kb.eq(Mux(p1.bias, 0, self._kpart(f, "b", p1.k))),
+                         p2_kb_next.eq(self._kpart(f, "b", p1.kb)),
                          p2_ahead_a.eq(p1.real & ~p1.bias & (p1.ka < f.k)),
                          p2_ahead_b.eq(p1.real & ~p1.bias & (p1.kb < f.k))]
             m.d.sync += [p2_gi[i].eq(p1.block.r + i) for i in range(rows)]

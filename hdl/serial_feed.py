@@ -88,8 +88,8 @@ class SerialFeed(OperandFeed):
                     for x, v in enumerate(self._b_kshifts(f, pos.k))]
         m.d.sync += [*(r.eq(v) for r, v in zip(a_shifts, self._a_kshifts(f, pos.k))),
                      *(r.eq(v) for r, v in zip(b_shifts, self._b_kshifts(f, pos.k))),
-                     pos.ka.eq(self._a_kjoin(f, a_shifts)),
-                     pos.kb.eq(Mux(pos.bias, 0, self._b_kjoin(f, b_shifts)))]
+                     pos.ka.eq(self._kjoin(f, "a", a_shifts)),
+                     pos.kb.eq(Mux(pos.bias, 0, self._kjoin(f, "b", b_shifts)))]
         with m.If(take):
             m.d.sync += [gathering.eq(1), issue.eq(Mux(p1.real, 0, lanes)),
                          pos.slot.eq(p1.slot), pos.real.eq(p1.real), pos.bias.eq(p1.bias),
