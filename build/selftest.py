@@ -431,7 +431,13 @@ class SelfTest(wiring.Component):
         last = Mux(player.passed, len(message_text(True)) - 1, len(chars) - 1)
         index = Signal(range(len(chars)))
         pause = Signal(range(max(2, self.repeat_cycles + 1)))
-        m.d.comb += uart.data.payload.eq(Array(chars)[index])
+        # The character is registered: the line's mux over the verdict and the step's hex
+        # digits stays off the UART's shift register. It is loaded every cycle; ``index``
+        # and the verdict are steady from ``player.done`` on, and each byte taken keeps the
+        # UART busy for a whole frame, so the register has caught up before ``ready`` again.
+        char = Signal(8)
+        m.d.sync += char.eq(Array(chars)[index])
+        m.d.comb += uart.data.payload.eq(char)
         with m.FSM():
             with m.State("RUN"):
                 with m.If(player.done):
