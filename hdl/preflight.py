@@ -39,9 +39,9 @@ Reads are pipelined: each cycle a phase issues one read (into request registers)
 read's check is due six cycles later (a response pipeline that splits the shape rules over
 registers), so a fault found in a response preempts whatever the phase does in that cycle; a
 phase waits for its reads' checks to be due before the next phase checks anything, which
-keeps the model's order.  The facts of the held record are registers too.  Every phase moves forward only
-(``docs/hdl-preflight.md``: the ranking argument the formal proof checks, and the timing
-notes), so the verdict comes within a bounded number of cycles.
+keeps the model's order.  The facts of the held record are registers too.  Every phase moves
+forward only (``docs/hdl-preflight.md``: the ranking argument the formal proof checks, and
+the timing notes), so the verdict comes within a bounded number of cycles.
 
 Atomic publication: nothing here writes architectural state.  ``commit_enable`` is high only
 after an APPROVE verdict was taken and until ``exec_done``; the execution engines AND it into
