@@ -35,13 +35,13 @@ IOR (posM/posK) and ALLOCATE (the destination register and the capacity charge o
 the :class:`~ptocube.hdl.img2col_engine.Img2ColEngine`'s, which checks them first thing in
 each per-PE job (:func:`img2col_job` builds the job from the plan and the source register).
 
-Reads are pipelined: each cycle a phase issues one read, and each read's check is due three
-cycles later (a response pipeline that splits the shape rules over registers), so a fault
-found in a response preempts whatever the phase does in that cycle; a phase waits for its
-reads' checks to be due before the next phase checks anything, which keeps the model's
-order.  The facts of the held record are registers too.  Every phase moves forward only
-(``docs/hdl-preflight.md``: the ranking argument the formal proof checks, and the timing
-notes), so the verdict comes within a bounded number of cycles.
+Reads are pipelined: each cycle a phase issues one read (into request registers), and each
+read's check is due six cycles later (a response pipeline that splits the shape rules over
+registers), so a fault found in a response preempts whatever the phase does in that cycle; a
+phase waits for its reads' checks to be due before the next phase checks anything, which
+keeps the model's order.  The facts of the held record are registers too.  Every phase moves
+forward only (``docs/hdl-preflight.md``: the ranking argument the formal proof checks, and
+the timing notes), so the verdict comes within a bounded number of cycles.
 
 Atomic publication: nothing here writes architectural state.  ``commit_enable`` is high only
 after an APPROVE verdict was taken and until ``exec_done``; the execution engines AND it into
@@ -147,11 +147,12 @@ class _Pend(enum.Enum, shape=4):
 
 
 #: Cycles a phase waits after its last read before the next phase checks anything: a read
-#: issued in cycle t is checked in t+5 (the response pipeline), the next phase's first
-#: cycle, where that check has priority - the model's order is kept.  Counted, not read off
+#: issued in cycle t is on the port in t+1 (the request registers) and checked in t+6 (the
+#: response pipeline), the next phase's first cycle, where that check has priority - the
+#: model's order is kept.  Counted, not read off
 #: the pipeline, so that every waiting phase ends within a fixed number of cycles (the
 #: formal proof's ranking cannot wrap around).
-_DRAIN = 3
+_DRAIN = 4
 
 #: Roles of the per-PE slots of the POST phase (slot = pe * 8 + role): each vector tile's
 #: descriptor, then its N words (issued from the same slot).
@@ -271,8 +272,8 @@ def _num_class(code):
     return Mux(code <= 14, 0, Mux(code <= 20, 1, 2))
 
 
-def _lowest(m, vector, width, name, above=None):
-    """``(found, index)`` of the lowest set bit of ``vector`` (above position ``above``).
+def _lowest(m, vector, width, name):
+    """``(found, index)`` of the lowest set bit of ``vector``.
 
     The lowest candidate is isolated on the carry chain (``v & -v``) and its index is an OR
     tree per bit: a priority chain of ``width`` muxes was the preflight's longest path
@@ -282,8 +283,7 @@ def _lowest(m, vector, width, name, above=None):
     index = Signal(range(width), name=f"{name}_index")
     candidates = Signal(width, name=f"{name}_candidates")
     lowest = Signal(width, name=f"{name}_lowest")
-    above_mask = Const(-1, width) if above is None else Cat(*(above < i for i in range(width)))
-    m.d.comb += [candidates.eq(vector & above_mask), lowest.eq(candidates & (~candidates + 1)),
+    m.d.comb += [candidates.eq(vector), lowest.eq(candidates & (~candidates + 1)),
                  found.eq(candidates.any())]
     m.d.comb += index.eq(one_hot_index(lowest, width))
     return found, index
@@ -323,17 +323,25 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     m.d.comb += lc.eq(one_hot_index(phys_cols, 16))
     max_cells = Mux(shared, 2048, 512)
     early = (cells != 0) & (cells <= max_cells) & pow2 & (valid_cols <= phys_cols)
+    # A row divides the capacity (``cells`` * 1024 bits) when it has no more trailing zero
+    # bits than the capacity: a comparison of logarithms after the cut (a mask of the row's
+    # bits and a zero test of the capacity under it was 14 levels, issue #9).  ``cells`` =
+    # 0 fails ``early``.
+    width = len(Value.cast(cells))
+    tz = Signal(range(width), name=f"{name}_cells_tz")
+    m.d.comb += tz.eq(one_hot_index(cells & (~cells + 1), width))
     # The two logarithms cross the cut and are added after it (the sum behind the column
     # count's OR trees was the longest path of the preflight's response stage).
-    early, lc, lb, cells, valid_rows = (cut(v, f"{name}_{k}_cut") for k, v in (
-        ("early", early), ("lc", lc), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows)))
+    early, lc, lb, cells, valid_rows, tz = (cut(v, f"{name}_{k}_cut") for k, v in (
+        ("early", early), ("lc", lc), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows),
+        ("tz", tz)))
     e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
     m.d.comb += e.eq(lc + lb)
     cap_bits = Signal(22, name=f"{name}_cap_bits")
     m.d.comb += cap_bits.eq(cells << 10)
     rows = Signal(22, name=f"{name}_rows")
     m.d.comb += rows.eq(cap_bits >> e)
-    divisible = (cap_bits & ((Const(1, 23) << e) - 1)) == 0
+    divisible = e <= tz + 10
     elements = Signal(22, name=f"{name}_elements")
     m.d.comb += elements.eq(cap_bits >> lb)
     early, divisible, rows, valid_rows, elements = (
@@ -362,9 +370,11 @@ def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_ne
     # CUBE_N8 CELLs are (2**(7-lb)) K x 8 N; an M layout's are 16 or 32 rows of 2**(6-lb)
     # or 2**(5-lb) columns (lb = log2 element bits; meaningful for supported types only).
     # Shift amounts are 3 bits wide (they wrap for the types no CUBE layout supports); one
-    # rounded quotient per lb, in parallel, then a choice: no variable shift on the path.
+    # rounded quotient per shift, in parallel, then a choice: no variable shift on the path.
+    # An M layout's shift crosses the cut, its quotients come after it (with the choice of
+    # lb and layout before them, they were the longest path into the cut, issue #9).
     k_rep_n8 = Signal(16, name=f"{name}_k_rep_n8")
-    k_rep_m = Signal(16, name=f"{name}_k_rep_m")
+    sh_m = Signal(3, name=f"{name}_sh_m")
     cell_cols = Signal(5, name=f"{name}_cell_cols")
     limit = Signal(13, name=f"{name}_limit")           # 32768 elements in CELLs
 
@@ -377,7 +387,7 @@ def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_ne
                 sh_n8, sh_m16, sh_m32 = (7 - value) % 8, (6 - value) % 8, (5 - value) % 8
                 m.d.comb += [
                     k_rep_n8.eq(ceil_shift(rows, sh_n8)),
-                    k_rep_m.eq(Mux(m16, ceil_shift(cols, sh_m16), ceil_shift(cols, sh_m32))),
+                    sh_m.eq(Mux(m16, sh_m16, sh_m32)),
                     cell_cols.eq(Mux(n8, 8, Mux(m16, (1 << sh_m16) & 0x1F,
                                                 (1 << sh_m32) & 0x1F))),
                     limit.eq(1 << (value + 5)),
@@ -386,10 +396,16 @@ def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_ne
     m.d.comb += n_rep.eq((cols + 7) >> 3)
     early = (supported & (n8 | m16 | m32) & (rows != 0) & (cols != 0)
              & (~m16 | (rows <= 16)) & (~m32 | (rows <= 32)) & (cells != 0) & (cells <= 512))
-    early, n8, k_rep_n8, n_rep, k_rep_m, limit, cells, cell_cols = (
+    early, n8, k_rep_n8, n_rep, sh_m, cols, limit, cells, cell_cols = (
         cut(v, f"{name}_{k}_cut") for k, v in (
             ("early", early), ("n8", n8), ("k_rep_n8", k_rep_n8), ("n_rep", n_rep),
-            ("k_rep_m", k_rep_m), ("limit", limit), ("cells", cells), ("cell_cols", cell_cols)))
+            ("sh_m", sh_m), ("cols", cols), ("limit", limit), ("cells", cells),
+            ("cell_cols", cell_cols)))
+    k_rep_m = Signal(16, name=f"{name}_k_rep_m")
+    with m.Switch(sh_m):
+        for sh in range(8):
+            with m.Case(sh):
+                m.d.comb += k_rep_m.eq(ceil_shift(cols, sh))
     need = Signal(30, name=f"{name}_cells_needed")
     m.d.comb += need.eq(Mux(n8, k_rep_n8 * n_rep, k_rep_m))
     early, need, limit, cells = (cut_need(v, f"{name}_{k}_cut_need") for k, v in (
@@ -539,6 +555,8 @@ class Preflight(wiring.Component):
         self.phase = Signal(Phase, name="phase")
         self.slot = Signal(5, name="slot")
         self.word = Signal(16, name="word")
+        self.walk_found = Signal(name="walk_found")
+        self.walk_rest = Signal(32, name="walk_rest")
         self.rec = Signal(self.record_layout, name="rec")
 
     # ---- facts of the held record -------------------------------------------------
@@ -608,13 +626,16 @@ class Preflight(wiring.Component):
         x.a_shared = _sig(m, (sc != 0) & ~x.a_local, "a_shared")
         x.b_shared = _sig(m, sc != 0, "b_shared")
         # Each position counts the operands before it: a sum of registered one-bit facts,
-        # registered (a chain of additions from the record and the list index behind it
-        # were 10 levels; the indices are three registers deep, and the per-PE phases that
-        # use them come at least six cycles after START's first).
+        # registered, and of registered pairs of them (a chain of additions from the record
+        # and the list index behind it were 10 levels, a sum of eight bits 7; the indices
+        # are four registers deep, and the per-PE phases that use them come at least seven
+        # cycles after START's first).
         before = [_reg(m, v, f"pos_term{i}") for i, v in enumerate((
             x.uses_acc, x.a_local, x.a_local & x.a_scaled, x.b_local, x.b_local & x.b_scaled,
             x.uses_bias, x.rowmax_in, x.vector_quant))]
-        pos = {k: _reg(m, sum(before[:n]), f"pos_{k}")
+        pairs = [_reg(m, before[i] + before[i + 1], f"pos_pair{i}") for i in range(0, 8, 2)]
+        odd = [_reg(m, before[i], f"pos_odd{i}") for i in range(0, 8, 2)]
+        pos = {k: _reg(m, sum(pairs[:n // 2]) + (odd[n // 2] if n % 2 else 0), f"pos_{k}")
                for k, n in (("a", 1), ("b", 3), ("bias", 5), ("rowmax", 6), ("qvec", 7),
                             ("avec", 8))}
         x.spos_b = _sig(m, Mux(x.a_shared, x.left, 0), "shared_pos_b")
@@ -650,7 +671,8 @@ class Preflight(wiring.Component):
 
     @staticmethod
     def _counts_ok(x):
-        """Step 4b's binding counts, from the facts ``x`` (registers: :meth:`elaborate`)."""
+        """Step 4b's binding counts, from the facts ``x`` (registers: :meth:`elaborate`):
+        its terms, which hold together."""
         b, f, sc, lc = x.b, x.f, x.sc, x.b.local_count
         shared_ok = Mux(x.is_gemv, sc == 0,
                         (sc == 0) | (sc == x.right) | (sc == x.left + x.right))
@@ -662,9 +684,9 @@ class Preflight(wiring.Component):
         ior_fields_ok = ~b.ior_valid | (((x.n_slots >= 1) | (ior.reg_src0 == 0))
                                         & ((x.n_slots >= 2) | (ior.reg_src1 == 0))
                                         & (ior.reg_src2 == 0) & (ior.reg_dst == 0))
-        return (shared_ok & (lc == math_count + post_count)
-                & (b.dest_count == 1 + f.row_max_en + f.group_max_en)
-                & b.terminated & ior_fields_ok)
+        return (shared_ok, lc == math_count + post_count,
+                (b.dest_count == 1 + f.row_max_en + f.group_max_en) & b.terminated,
+                ior_fields_ok)
 
     # ---- elaboration --------------------------------------------------------------
     def elaborate(self, platform):
@@ -689,6 +711,28 @@ class Preflight(wiring.Component):
         BC, II = FaultClass.BUNDLE_CONTROL, FaultClass.ILLEGAL_INSTRUCTION
 
         # ---- registers --------------------------------------------------------------
+        # A phase issues a read into request registers; the ports show it the next cycle
+        # straight from flip-flops (the phase decode and the word counter's adder were in
+        # front of the tile store's arbitration and its memories' read addresses, the unit's
+        # longest paths, issue #9).  ``issue`` names the read's check, ``pend`` follows it
+        # into the cycle of the answer.
+        issue = Signal(_Pend, name="issue")
+        issue_pe = Signal(2, name="issue_pe")
+        issue_slot = Signal(2, name="issue_slot")
+        issue_zero = Signal(name="issue_gpr_zero")
+        req = {name: {k: Signal(w, name=f"req_{name}_{k}") for k, w in fields}
+               for name, fields in (("tile", (("en", 1), ("pe", 2), ("index", 6))),
+                                    ("shared", (("en", 1), ("sid", 8))),
+                                    ("word", (("en", 1), ("pe", 2), ("index", 6),
+                                              ("addr", 16))),
+                                    ("gpr", (("en", 1), ("addr", 5))))}
+        for name, port in (("tile", self.tile_rd), ("shared", self.shared_rd),
+                           ("word", self.word_rd), ("gpr", self.gpr_rd)):
+            m.d.comb += [getattr(port, k).eq(v) for k, v in req[name].items()]
+        # The record handshake ends in a flag, not in the phase: ``record.valid`` comes from
+        # deep in the decoder and the host interface (issue #9).  IDLE with ``accepted`` is the
+        # first cycle of the record's check (the pass-through bits).
+        accepted = Signal(name="accepted")
         pend = Signal(_Pend, name="pend")                 # check due on this cycle's response
         pend_pe = Signal(2, name="pend_pe")
         pend_slot = Signal(2, name="pend_slot")
@@ -718,10 +762,11 @@ class Preflight(wiring.Component):
             return _reg(fm, value, name)
 
         d_shape = {}
+        d_rows, d_cols = _reg(fm, dm, "d_rows"), _reg(fm, dn, "d_cols")
         for layout in (Layout.CUBE_M16, Layout.CUBE_M32):
             name = f"d_{layout.name.lower()}"
             legal, need, cell_cols = cube_shape(
-                fm, layout=Const(layout.value, 3), dtype=x.d_type, rows=dm, cols=dn,
+                fm, layout=Const(layout.value, 3), dtype=x.d_type, rows=d_rows, cols=d_cols,
                 cells=x.tsize_cells[0], name=name, cut=fcut, cut_need=fcut)
             d_shape[layout] = tuple(_reg(fm, v, f"{name}_{k}_q") for k, v in (
                 ("legal", legal), ("need", need), ("cell_cols", cell_cols)))
@@ -741,12 +786,20 @@ class Preflight(wiring.Component):
             aux_legal.append(_reg(fm, legal, f"aux{j}_legal_q"))
         aux_is_group = slot[0]                  # AUX_SHAPE: slot 0 RowMaxOut, 1 GroupMaxOut
 
-        counts_ok = _reg(fm, self._counts_ok(x), "counts_ok")
+        # Three registers deep (its terms, then their AND): IOR's first cycle is START's
+        # fourth.
+        counts_ok = _reg(fm, Cat(*(_reg(fm, v, f"counts_ok{i}")
+                                   for i, v in enumerate(self._counts_ok(x)))).all(),
+                         "counts_ok")
         ior_reads = _reg(fm, Mux(b.ior_valid, Mux(xc.is_img2col, 2, xc.n_slots), 0), "ior_reads")
         # IOR ends at this slot: after its reads and the drain (TIMG2COL: posM and posK are
-        # not checked, so no drain).
+        # not checked, so no drain, but one cycle for posK to reach its register by the
+        # verdict, which the plan carries).
         ior_end = _reg(fm, Mux(b.ior_valid & xc.is_matrix & (xc.n_slots != 0),
-                               xc.n_slots + _DRAIN, ior_reads), "ior_end")
+                               xc.n_slots + _DRAIN,
+                               Mux(b.ior_valid & xc.is_img2col, 3, 0)), "ior_end")
+        dn_last = _reg(fm, dn - 1, "dn_last")
+        shared_end = _reg(fm, x.sc + _DRAIN, "shared_end")      # SHARED_RUN's reads, drained
         dm_le16 = _reg(fm, dm <= 16, "dm_le16")
         dm_le32 = _reg(fm, dm <= 32, "dm_le32")
 
@@ -842,7 +895,8 @@ class Preflight(wiring.Component):
                                       layout=desc.layout, dtype=desc.dtype,
                                       rows=desc.valid_rows, cols=desc.valid_cols,
                                       cells=desc.cells)
-        with m.If(pend0 == _Pend.SHARED):
+        # Which answer the ordinary rule takes, from ``pend`` (a register, not a decode).
+        with m.If(_reg(sm, pend == _Pend.SHARED, "answer_shared")):
             m.d.comb += [ord_in["dtype"].eq(sdesc.dtype), ord_in["cells"].eq(sdesc.cells),
                          ord_in["phys_cols"].eq(sdesc.phys_cols),
                          ord_in["valid_rows"].eq(sdesc.valid_rows),
@@ -856,12 +910,15 @@ class Preflight(wiring.Component):
         gpr_word = Mux(pend0_zero, 0, gpr_data)
         with m.If(pend0 == _Pend.GPR):
             m.d.sync += r.gpr_val[pend0_slot[0]].eq(gpr_word)
-        m.submodules.param = param = ParamCheck(cfg)
-        word0 = Mux(pend0 == _Pend.GPR, gpr_word, word_data)
-        m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word0),
-                     param.alpha.eq(word0)]
-        quant_ok = _reg(sm, param.quant_ok, "quant_ok_q")
-        alpha_ok = _reg(sm, param.alpha_ok, "alpha_ok_q")
+        # One parameter check per source of words, stage 1 chooses (a choice of the word in
+        # front of the checks' zero tests was their longest path, issue #9).
+        param_ok = {}
+        for src, word_in in (("gpr", gpr_word), ("word", word_data)):
+            m.submodules[f"param_{src}"] = param = ParamCheck(cfg)
+            m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word_in),
+                         param.alpha.eq(word_in)]
+            param_ok[src] = (_reg(sm, param.quant_ok, f"{src}_quant_ok_q"),
+                             _reg(sm, param.alpha_ok, f"{src}_alpha_ok_q"))
         # A's layout (C's when A is Shared) is D's on that PE; kept from the answer so that
         # C's rule, read the cycle after A on the same PE, can compare with it.
         with m.If((pend0 == _Pend.A) | ((pend0 == _Pend.C) & ~x.a_local)):
@@ -873,21 +930,25 @@ class Preflight(wiring.Component):
         layout_ok = Mux(exp["m_layout"], m_holds,
                         Mux(exp["n8"], desc.layout == Layout.CUBE_N8, c_ok))
         # TileSourceContentsDefined plus the expected shape and type: what both kinds of
-        # Local source check (the shape rule itself comes in stage 2).
-        source_ok = (desc.allocated & cap_ok(desc.cells) & defined
-                     & (desc.valid_rows == exp["rows"]) & (desc.valid_cols == exp["cols"])
-                     & (desc.dtype == exp["dtype"]))
-        ordinary_ok = _reg(sm, source_ok & (desc.layout == Layout.ROW_MAJOR)
-                           & (~exp["any"] | (desc.location == TileLocation.ANY)),
-                           "ordinary_source_ok")
+        # Local source check (the shape rule itself comes in stage 2).  Each rule's terms
+        # are registered apart and ANDed in stage 1 (in one piece they were 7 levels).
+        def terms(name, *values):
+            return Cat(*(_reg(sm, v, f"{name}{i}") for i, v in enumerate(values))).all()
+
+        source_ok = terms("source_ok", desc.allocated & cap_ok(desc.cells) & defined,
+                          desc.valid_rows == exp["rows"], desc.valid_cols == exp["cols"],
+                          desc.dtype == exp["dtype"])
+        ordinary_ok = source_ok & terms(
+            "ordinary_source_ok", (desc.layout == Layout.ROW_MAJOR)
+            & (~exp["any"] | (desc.location == TileLocation.ANY)))
         # TileMatrixLocalPrimaryInfoLegal, the layout rule of each primary.
-        cube_ok = _reg(sm, source_ok & (desc.location == TileLocation.MATRIX) & layout_ok,
-                       "cube_primary_ok")
-        shared_ok = _reg(sm, (sdesc.allocation_mask == 0xF) & (sdesc.initialized_mask == 0xF)
-                         & sdesc.published & sdefined & (sdesc.layout == Layout.ROW_MAJOR)
-                         & (sdesc.phys_cols == s_cols) & (s_rows <= sdesc.valid_rows)
-                         & (s_cols <= sdesc.valid_cols) & (sdesc.dtype == s_type),
-                         "shared_ok")
+        cube_ok = source_ok & terms("cube_primary_ok", desc.location == TileLocation.MATRIX,
+                                    layout_ok)
+        shared_ok = terms("shared_ok",
+                          (sdesc.allocation_mask == 0xF) & (sdesc.initialized_mask == 0xF)
+                          & sdesc.published & sdefined & (sdesc.layout == Layout.ROW_MAJOR),
+                          (sdesc.phys_cols == s_cols) & (sdesc.dtype == s_type),
+                          s_rows <= sdesc.valid_rows, s_cols <= sdesc.valid_cols)
 
         # Stage 1: the check of the read's kind.
         ok = Signal(name="pend1_ok", init=1)
@@ -896,15 +957,16 @@ class Preflight(wiring.Component):
             with m.Case(_Pend.GPR):
                 alpha_slot = (pend1_slot == 1) | ~x.scalar_quant
                 m.d.comb += [check.eq(Check.BINDINGS),
-                             ok.eq(x.is_img2col | Mux(alpha_slot, alpha_ok, quant_ok))]
+                             ok.eq(x.is_img2col | Mux(alpha_slot, param_ok["gpr"][1],
+                                                      param_ok["gpr"][0]))]
             with m.Case(_Pend.SHARED):
                 m.d.comb += [check.eq(Check.SHARED), ok.eq(shared_ok)]
             with m.Case(_Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC):
                 m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(ordinary_ok)]
             with m.Case(_Pend.QWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(quant_ok)]
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param_ok["word"][0])]
             with m.Case(_Pend.AWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(alpha_ok)]
+                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param_ok["word"][1])]
             with m.Case(_Pend.A, _Pend.C, _Pend.B):
                 m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(cube_ok)]
             with m.Case(_Pend.SA, _Pend.SB, _Pend.BIAS):
@@ -920,25 +982,9 @@ class Preflight(wiring.Component):
                              _Pend.SB, _Pend.BIAS)])),
                          pend3_ok.eq(pend2_ok & (~pend2_cube | cube_legal)
                                      & (~pend2_ord | ord_legal))]
-        m.d.sync += pend.eq(_Pend.NONE)             # unless a phase issues a read below
-
-        # ---- verdict and transition helpers -------------------------------------------
-        def fault(cls, check, pe=0, record=False):
-            m.d.sync += [v_outcome.eq(Outcome.FAULT), v_fault.eq(cls), v_check.eq(check),
-                         v_pe.eq(pe), v_record.eq(record), phase.eq(Phase.VERDICT)]
-
-        def finish(outcome):
-            m.d.sync += [v_outcome.eq(outcome), v_fault.eq(FaultClass.NONE),
-                         v_check.eq(Check.NONE), v_pe.eq(0), v_record.eq(0),
-                         phase.eq(Phase.VERDICT)]
-
-        def goto(next_phase, next_slot=0):
-            m.d.sync += [phase.eq(next_phase), slot.eq(next_slot), word.eq(0)]
-
-        def read_tile(pe, index, kind):
-            m.d.comb += [self.tile_rd.en.eq(1), self.tile_rd.pe.eq(pe),
-                         self.tile_rd.index.eq(index)]
-            m.d.sync += [pend.eq(kind), pend_pe.eq(pe)]
+        m.d.sync += [pend.eq(issue), pend_pe.eq(issue_pe), pend_slot.eq(issue_slot),
+                     pend_zero.eq(issue_zero), issue.eq(_Pend.NONE)]
+        m.d.sync += [r["en"].eq(0) for r in req.values()]  # unless a phase issues a read below
 
         # ---- the slots of the per-PE phases (slot = pe * 8 + role) ------------------
         post_present = [xc.rowmax_in, xc.vector_quant, xc.vector_quant, xc.alpha_vector,
@@ -957,12 +1003,25 @@ class Preflight(wiring.Component):
         post_vec = _reg(fm, slot_vector(post_present), "post_slots")
         math_vec = _reg(fm, slot_vector(math_present), "math_slots")
         sel_vec = _sig(fm, Cat(*x.selected), "selected_pes")
-        post_first = first(post_vec, 32, "post_first")
-        post_next = _lowest(nm, post_vec, 32, "post_next", above=slot)
-        math_first = first(math_vec, 32, "math_first")
-        math_next = _lowest(nm, math_vec, 32, "math_next", above=slot)
-        pe_first = first(sel_vec, PE_COUNT, "pe_first")
-        pe_next = _lowest(nm, sel_vec, PE_COUNT, "pe_next", above=slot)
+        # A walk (the slots of a per-PE phase, in order) keeps its next slot in registers,
+        # ``walk_next`` (one-hot) and ``walk_found``, and the slots after that one in
+        # ``rest``, whose lowest is the next ``walk_next`` (a search above ``slot`` was 21
+        # levels from ``slot`` back to itself, issue #9).  A phase starts its walk from
+        # facts: the first two slots and the rest.
+        def walk(vector, width, name):
+            after1 = _reg(fm, vector & (vector - 1), f"{name}_after1")
+            return (first(vector, width, f"{name}_first"),
+                    (_reg(fm, after1 != 0, f"{name}_second_found"),
+                     _reg(fm, after1 & (~after1 + 1), f"{name}_second")),
+                    _reg(fm, after1 & (after1 - 1), f"{name}_after2"))
+
+        post_walk = walk(post_vec, 32, "post")
+        math_walk = walk(math_vec, 32, "math")
+        pe_walk = walk(sel_vec, PE_COUNT, "pe")
+        post_first, math_first = post_walk[0], math_walk[0]
+        walk_next = Signal(32, name="walk_next")
+        walk_found, rest = self.walk_found, self.walk_rest
+        rest_lowest = _sig(nm, rest & (~rest + 1), "walk_rest_lowest")
         role, slot_pe = slot[0:3], slot[3:5]
 
         # ---- static checks (registers of the record's facts; the facts submodule) ------
@@ -989,8 +1048,12 @@ class Preflight(wiring.Component):
         def pow2(v):
             return (v != 0) & ((v & (v - 1)) == 0)
 
-        dims_ok = _reg(fm, Mux(x.sc != 0, pow2(dm) & pow2(dn) & pow2(dk),
-                               (dm != 0) & (dn != 0) & (dk != 0)), "dims_ok")
+        # Two registers deep (each dimension's tests, then the rule): STATIC comes after
+        # IOR's first cycle, START's fourth.
+        dims_pow2 = Cat(*(_reg(fm, pow2(d), f"dim{i}_pow2") for i, d in enumerate(x.dims)))
+        dims_nz = Cat(*(_reg(fm, d != 0, f"dim{i}_nonzero") for i, d in enumerate(x.dims)))
+        dims_ok = _reg(fm, Mux(_reg(fm, x.sc != 0, "dims_shared"), dims_pow2.all(),
+                               dims_nz.all()), "dims_ok")
         rmode = Mux(b.datr_valid, b.datr.rmode, 0)
         sat = Mux(b.datr_valid, b.datr.sat, 0)
         attributes_ok = _reg(fm, ((rmode == 0) | xc.mode["rmode_free"])
@@ -1080,193 +1143,252 @@ class Preflight(wiring.Component):
         # The room left, from the allocation state (held stable), against the charge: a
         # comparison after a register instead of an addition and a comparison.
         room = _reg(fm, tile_capacity - self.alloc.capacity_in_use, "capacity_room")
-        capacity_ok = _reg(fm, (self.alloc.capacity_in_use <= tile_capacity)
-                           & (required <= room[:32]), "capacity_ok")
+        # Each comparison registered on its own, ANDed with the others in ``allocation_ok``
+        # (no deeper for it, one level less before the registers).
+        capacity_ok = [_reg(fm, self.alloc.capacity_in_use <= tile_capacity, "capacity_ok"),
+                       _reg(fm, required <= room[:32], "capacity_room_ok")]
         pe_room = [_reg(fm, cfg.tile_bytes_per_pe - self.alloc.pe_bytes_in_use[pe],
                         f"pe_room{pe}") for pe in range(PE_COUNT)]
-        pe_fits = _reg(fm, Cat(*[~x.selected[pe] | (group_bytes <= pe_room[pe])
-                                 for pe in range(PE_COUNT)]).all(), "pe_fits")
-        allocation_ok = _sig(fm, Cat(*found_bits).all() & capacity_ok & pe_fits,
+        pe_fits = [_reg(fm, ~x.selected[pe] | (group_bytes <= pe_room[pe]), f"pe_fits{pe}")
+                   for pe in range(PE_COUNT)]
+        allocation_ok = _sig(fm, Cat(*found_bits, *capacity_ok, *pe_fits).all(),
                              "allocation_ok")
 
         # ---- the phases ---------------------------------------------------------------
+        # The FSM moves ``phase`` and starts the reads (``issue`` and the ports' ``en``).
+        # ``slot``, ``word``, ``rest``, the reads' addresses, the verdict and the plan's
+        # registers follow the phase alone (below): what they become in a cycle that faults
+        # does not matter (VERDICT holds the verdict, every other register is set again
+        # before it is used), so the chain of fault checks in front of the phase is not in
+        # front of them (it was their longest path, issue #9).
+        scanning = (role == 2) | (role == 4)
+        stay = scanning & (word < dn_last)      # a scan's word N-1 not issued yet
+        wanted = Mux(aux_is_group, f.group_max_en, f.row_max_en)
+        aux_bad = wanted & ~Mux(aux_is_group, aux_legal[1], aux_legal[0])
+        m_bad, m_bad_pe = m_layout_fault
+        gpr = Mux(slot[0], ior.reg_src1, ior.reg_src0)      # IOR slot 0 posM/quant, 1 posK/alpha
+
+        def to(next_phase):
+            m.d.sync += phase.eq(next_phase)
+
+        def read(port, kind):
+            m.d.sync += [req[port]["en"].eq(1), issue.eq(kind)]
+
         # No read is pending in IDLE, VERDICT and HOLD: they do not wait for ``pend_ok``.
+        m.d.sync += accepted.eq(0)          # high for the one cycle after the handshake
         with m.If(phase == Phase.IDLE):
-            m.d.comb += self.record.ready.eq(1)
             # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them): only
-            # the phase and the record wait for ``valid``.
-            with m.If(self.record.valid):
-                m.d.sync += [rec.eq(self.record.payload), phase.eq(Phase.START)]
+            # the record and ``accepted`` wait for ``valid``.
+            with m.If(~accepted):
+                m.d.comb += self.record.ready.eq(1)
+                with m.If(self.record.valid):
+                    m.d.sync += [rec.eq(self.record.payload), accepted.eq(1)]
+            with m.Else():
+                # A fault record or a no-op has its verdict; the others START.
+                to(Mux((rec.fault != FaultClass.NONE) | b.noop, Phase.VERDICT, Phase.START))
         with m.Elif(phase == Phase.VERDICT):
             m.d.comb += self.verdict.valid.eq(1)
             with m.If(self.verdict.ready):
-                goto(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
+                to(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
         with m.Elif(phase == Phase.HOLD):
             m.d.comb += self.commit_enable.eq(1)
             with m.If(self.exec_done):
-                goto(Phase.IDLE)
+                to(Phase.IDLE)
         with m.Elif(~pend_ok):
-            fault(TL, pend_check, pend_pe_due)
+            to(Phase.VERDICT)
         with m.Else():
             with m.Switch(phase):
                 with m.Case(Phase.START):
-                    with m.If(rec.fault != FaultClass.NONE):
-                        fault(rec.fault, Check.RECORD, record=True)
-                    with m.Elif(b.noop):
-                        finish(Outcome.NOOP)
-                    with m.Elif(slot < 2):
-                        m.d.sync += slot.eq(slot + 1)   # the facts' registers settle
-                    with m.Elif(start_fault[0]):
-                        fault(start_fault[1], start_fault[2])
-                    with m.Else():
-                        goto(Phase.IOR)       # which checks the counts first
+                    # Slots 1 and 2: the facts' registers settle.
+                    with m.If(slot >= 2):
+                        to(Mux(start_fault[0], Phase.VERDICT, Phase.IOR))
 
                 with m.Case(Phase.IOR):
                     # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
                     # Its first cycle ends step 4b: the binding counts, two registers deep.
-                    reads = ior_reads
-                    after = Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC)
                     with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
-                        fault(TL, Check.BINDINGS)
-                    with m.Elif(slot < reads):
-                        reg = Mux(slot[0], ior.reg_src1, ior.reg_src0)
-                        m.d.comb += [self.gpr_rd.en.eq(reg != 0), self.gpr_rd.addr.eq(reg)]
-                        m.d.sync += [pend.eq(_Pend.GPR), pend_slot.eq(slot), pend_pe.eq(0),
-                                     pend_zero.eq(reg == 0), slot.eq(slot + 1)]
+                        to(Phase.VERDICT)
+                    with m.Elif(slot < ior_reads):
+                        m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
                     with m.Elif(slot >= ior_end):
-                        goto(after)
-                    with m.Else():
-                        m.d.sync += slot.eq(slot + 1)
+                        to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
 
                 with m.Case(Phase.STATIC):
-                    with m.If(static_fault[0]):
-                        fault(TL, static_fault[2])
-                    with m.Else():
-                        goto(Phase.SHARED_ENTRY)
+                    to(Mux(static_fault[0], Phase.VERDICT, Phase.SHARED_ENTRY))
 
                 with m.Case(Phase.SHARED_ENTRY):
-                    with m.If(~trans_ok):
-                        fault(TL, Check.SHARED)
-                    with m.Elif(x.sc == 0):
-                        goto(Phase.POST_ENTRY)
-                    with m.Else():
-                        goto(Phase.SHARED_RUN)
+                    to(Mux(~trans_ok, Phase.VERDICT,
+                           Mux(x.sc == 0, Phase.POST_ENTRY, Phase.SHARED_RUN)))
 
                 with m.Case(Phase.SHARED_RUN):
                     with m.If(slot < x.sc):
-                        m.d.comb += [self.shared_rd.en.eq(1),
-                                     self.shared_rd.sid.eq(b.shared_sources[slot[:2]])]
-                        m.d.sync += [pend.eq(_Pend.SHARED), pend_slot.eq(slot), pend_pe.eq(0),
-                                     slot.eq(slot + 1)]
-                    with m.Elif(slot >= x.sc + _DRAIN):
-                        goto(Phase.POST_ENTRY)
-                    with m.Else():
-                        m.d.sync += slot.eq(slot + 1)
+                        read("shared", _Pend.SHARED)
+                    with m.Elif(slot >= shared_end):
+                        to(Phase.POST_ENTRY)
 
                 with m.Case(Phase.POST_ENTRY):
-                    found, first = post_first
-                    with m.If(~acc_ok):
-                        fault(TL, Check.POSTPROCESS)
-                    with m.Elif(found):
-                        goto(Phase.POST_RUN, first)
-                    with m.Else():
-                        goto(Phase.MATH_ENTRY)
+                    to(Mux(~acc_ok, Phase.VERDICT,
+                           Mux(post_first[0], Phase.POST_RUN, Phase.MATH_ENTRY)))
 
                 with m.Case(Phase.POST_RUN):
-                    found, nxt = post_next
-                    scanning = (role == 2) | (role == 4)
-                    vec_index = Mux(role < 3, x.index[OperandRole.QUANT_VECTOR],
-                                    x.index[OperandRole.ALPHA_VECTOR])
                     kind = Array([Const(k.value, 4) for k in _POST_ROLES])[role]
-                    with m.If(scanning):
-                        m.d.comb += [self.word_rd.en.eq(1), self.word_rd.pe.eq(slot_pe),
-                                     self.word_rd.index.eq(vec_index),
-                                     self.word_rd.addr.eq(word)]
-                        m.d.sync += [pend.eq(kind), pend_pe.eq(slot_pe)]
-                    with m.Else():
-                        read_tile(slot_pe, Mux(role == 0, x.index[OperandRole.ROWMAX_IN],
-                                               vec_index), kind)
+                    m.d.sync += [req["word"]["en"].eq(scanning), req["tile"]["en"].eq(~scanning),
+                                 issue.eq(kind)]
                     # A scan stays on its slot until word N-1 was issued.
-                    with m.If(scanning & (word + 1 < dn)):
-                        m.d.sync += word.eq(word + 1)
-                    with m.Elif(found):
-                        m.d.sync += [slot.eq(nxt), word.eq(0)]
-                    with m.Else():
-                        goto(Phase.MATH_ENTRY)
+                    with m.If(~stay & ~walk_found):
+                        to(Phase.MATH_ENTRY)
 
                 with m.Case(Phase.MATH_ENTRY):
-                    found, first = math_first
-                    with m.If(found):
-                        goto(Phase.MATH_RUN, first)
+                    with m.If(math_first[0]):
+                        to(Phase.MATH_RUN)
                     with m.Elif(~post_first[0] | (word >= _DRAIN)):
-                        goto(Phase.CD_INDEX)
-                    with m.Else():
-                        m.d.sync += word.eq(word + 1)       # POST_RUN's last checks
+                        to(Phase.CD_INDEX)      # after POST_RUN's last checks
 
                 with m.Case(Phase.MATH_RUN):
-                    found, nxt = math_next
-                    roles = (OperandRole.A, OperandRole.C, OperandRole.A_SCALE, OperandRole.B,
-                             OperandRole.B_SCALE, OperandRole.BIAS)
-                    index = Array([x.index[o] for o in roles])[role]
                     kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
                     # ``word`` counts the cycles after the last read.
                     with m.If(word == 0):
-                        read_tile(slot_pe, index, kind)
-                        with m.If(found):
-                            m.d.sync += slot.eq(nxt)
-                        with m.Else():
-                            m.d.sync += word.eq(1)
+                        read("tile", kind)
                     with m.Elif(word > _DRAIN):
-                        goto(Phase.CD_INDEX)
-                    with m.Else():
-                        m.d.sync += word.eq(word + 1)
+                        to(Phase.CD_INDEX)
 
                 with m.Case(Phase.CD_INDEX):
-                    with m.If(~cd_ok):
-                        fault(TL, Check.CD_INDEX)
-                    with m.Else():
-                        goto(Phase.M_LAYOUT)
+                    to(Mux(~cd_ok, Phase.VERDICT, Phase.M_LAYOUT))
 
                 with m.Case(Phase.M_LAYOUT):
-                    bad, bad_pe = m_layout_fault
-                    with m.If(bad):
-                        fault(TL, Check.M_LAYOUT, bad_pe)
-                    with m.Else():
-                        for pe in range(PE_COUNT):
-                            m.d.sync += r.pe_layout[pe].eq(m_layouts[pe])
-                        goto(Phase.ALLOCATE)
+                    to(Mux(m_bad, Phase.VERDICT, Phase.ALLOCATE))
 
                 with m.Case(Phase.ALLOCATE):
-                    with m.If(~allocation_ok):
-                        fault(TA, Mux(x.is_img2col, Check.I2C_ALLOCATION, Check.ALLOCATION))
-                    with m.Else():
-                        for j, (hand, index) in enumerate(taken):
-                            m.d.sync += r.out_index[j].eq(Cat(index, hand))
-                        with m.If(x.is_img2col):
-                            finish(Outcome.APPROVE)
-                        with m.Else():
-                            goto(Phase.D_SHAPE, pe_first[1])
+                    to(Mux(~allocation_ok | x.is_img2col, Phase.VERDICT, Phase.D_SHAPE))
 
                 with m.Case(Phase.D_SHAPE):
-                    found, nxt = pe_next
-                    with m.If(~d_legal | ~d_fits):
-                        fault(TA, Check.ALLOCATION, slot[:2])
-                    with m.Else():
-                        m.d.sync += [r.d_cells[slot[:2]].eq(d_need),
-                                     r.d_cell_cols[slot[:2]].eq(d_cell_cols)]
-                        with m.If(found):
-                            m.d.sync += slot.eq(nxt)
-                        with m.Else():
-                            goto(Phase.AUX_SHAPE)
+                    to(Mux(~d_legal | ~d_fits, Phase.VERDICT,
+                           Mux(walk_found, Phase.D_SHAPE, Phase.AUX_SHAPE)))
 
                 with m.Case(Phase.AUX_SHAPE):
-                    wanted = Mux(aux_is_group, f.group_max_en, f.row_max_en)
-                    with m.If(wanted & ~Mux(aux_is_group, aux_legal[1], aux_legal[0])):
-                        fault(TA, Check.ALLOCATION)
-                    with m.Elif(slot == 0):
-                        m.d.sync += slot.eq(1)
-                    with m.Else():
-                        finish(Outcome.APPROVE)
+                    with m.If(aux_bad | (slot != 0)):
+                        to(Phase.VERDICT)
+
+        # The verdict this cycle would give, taken in every cycle but VERDICT's: the class,
+        # check and PE of the phase's own fault, unless a read's check fails first (the
+        # model's order); APPROVE / NOOP where a phase finishes.
+        with m.If(phase != Phase.VERDICT):
+            m.d.sync += [v_outcome.eq(Outcome.FAULT), v_fault.eq(TL), v_check.eq(Check.NONE),
+                         v_pe.eq(0), v_record.eq(0)]
+            with m.If(phase == Phase.IDLE):
+                failed = rec.fault != FaultClass.NONE
+                m.d.sync += [v_outcome.eq(Mux(failed, Outcome.FAULT, Outcome.NOOP)),
+                             v_fault.eq(rec.fault), v_record.eq(failed),
+                             v_check.eq(Mux(failed, Check.RECORD, Check.NONE))]
+            with m.Elif(~pend_ok):
+                m.d.sync += [v_check.eq(pend_check), v_pe.eq(pend_pe_due)]
+            with m.Else():
+                with m.Switch(phase):
+                    with m.Case(Phase.START):
+                        m.d.sync += [v_fault.eq(start_fault[1]), v_check.eq(start_fault[2])]
+                    with m.Case(Phase.IOR):
+                        m.d.sync += v_check.eq(Check.BINDINGS)
+                    with m.Case(Phase.STATIC):
+                        m.d.sync += v_check.eq(static_fault[2])
+                    with m.Case(Phase.SHARED_ENTRY):
+                        m.d.sync += v_check.eq(Check.SHARED)
+                    with m.Case(Phase.POST_ENTRY):
+                        m.d.sync += v_check.eq(Check.POSTPROCESS)
+                    with m.Case(Phase.CD_INDEX):
+                        m.d.sync += v_check.eq(Check.CD_INDEX)
+                    with m.Case(Phase.M_LAYOUT):
+                        m.d.sync += [v_check.eq(Check.M_LAYOUT), v_pe.eq(m_bad_pe)]
+                    with m.Case(Phase.ALLOCATE):
+                        m.d.sync += [
+                            v_outcome.eq(Mux(allocation_ok, Outcome.APPROVE, Outcome.FAULT)),
+                            v_fault.eq(Mux(allocation_ok, FaultClass.NONE, TA)),
+                            v_check.eq(Mux(allocation_ok, Check.NONE,
+                                           Mux(x.is_img2col, Check.I2C_ALLOCATION,
+                                               Check.ALLOCATION)))]
+                    with m.Case(Phase.D_SHAPE):
+                        m.d.sync += [v_fault.eq(TA), v_check.eq(Check.ALLOCATION),
+                                     v_pe.eq(slot[:2])]
+                    with m.Case(Phase.AUX_SHAPE):
+                        m.d.sync += [v_outcome.eq(Mux(aux_bad, Outcome.FAULT, Outcome.APPROVE)),
+                                     v_fault.eq(Mux(aux_bad, TA, FaultClass.NONE)),
+                                     v_check.eq(Mux(aux_bad, Check.ALLOCATION, Check.NONE))]
+
+        # The walk: ``slot`` and ``word`` move as the phase's transition above says when it
+        # does not fault, and are 0 in every other phase; ``rest`` (the slots to come) is
+        # loaded with a walk's first slot and follows its moves.
+        def start_walk(w):
+            (_, first_index), (second_found, second), after2 = w
+            m.d.sync += [slot.eq(first_index), walk_next.eq(second),
+                         walk_found.eq(second_found), rest.eq(after2)]
+
+        def advance():
+            m.d.sync += [slot.eq(one_hot_index(walk_next, 32)), walk_next.eq(rest_lowest),
+                         walk_found.eq(rest.any()), rest.eq(rest & (rest - 1))]
+
+        m.d.sync += [slot.eq(0), word.eq(0)]
+        with m.Switch(phase):
+            with m.Case(Phase.IDLE):
+                m.d.sync += slot.eq(accepted)                       # START's slot 1
+            with m.Case(Phase.START):
+                m.d.sync += slot.eq(Mux(slot >= 2, 0, slot + 1))
+            with m.Case(Phase.IOR):
+                m.d.sync += slot.eq(Mux(slot >= ior_end, 0, slot + 1))
+            with m.Case(Phase.SHARED_RUN):
+                m.d.sync += slot.eq(Mux(slot >= shared_end, 0, slot + 1))
+            with m.Case(Phase.POST_ENTRY):
+                start_walk(post_walk)
+            with m.Case(Phase.POST_RUN):
+                with m.If(stay):
+                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]
+                with m.Else():
+                    advance()
+            with m.Case(Phase.MATH_ENTRY):
+                with m.If(math_first[0]):
+                    start_walk(math_walk)
+                with m.Elif(post_first[0] & (word < _DRAIN)):
+                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]  # POST_RUN's last checks
+            with m.Case(Phase.MATH_RUN):
+                with m.If((word == 0) & walk_found):
+                    advance()
+                with m.Elif(word == 0):
+                    m.d.sync += [slot.eq(slot), word.eq(1)]     # the last read's slot
+                with m.Elif(word <= _DRAIN):
+                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]
+            with m.Case(Phase.ALLOCATE):
+                start_walk(pe_walk)
+            with m.Case(Phase.D_SHAPE):
+                advance()
+            with m.Case(Phase.AUX_SHAPE):
+                m.d.sync += slot.eq(1)              # slot 0 RowMaxOut, 1 GroupMaxOut
+
+        # The reads' addresses, whether a read is issued or not.
+        vec_index = Mux(role < 3, x.index[OperandRole.QUANT_VECTOR],
+                        x.index[OperandRole.ALPHA_VECTOR])
+        math_index = Array([x.index[o] for o in (
+            OperandRole.A, OperandRole.C, OperandRole.A_SCALE, OperandRole.B,
+            OperandRole.B_SCALE, OperandRole.BIAS)])[role]
+        m.d.sync += [
+            issue_pe.eq(slot_pe), issue_slot.eq(slot[:2]), issue_zero.eq(gpr == 0),
+            req["gpr"]["addr"].eq(gpr),
+            req["shared"]["sid"].eq(b.shared_sources[slot[:2]]),
+            req["word"]["pe"].eq(slot_pe), req["word"]["index"].eq(vec_index),
+            req["word"]["addr"].eq(word),
+            req["tile"]["pe"].eq(slot_pe),
+            req["tile"]["index"].eq(Mux(phase == Phase.POST_RUN,
+                                        Mux(role == 0, x.index[OperandRole.ROWMAX_IN],
+                                            vec_index), math_index)),
+        ]
+
+        # The plan's registers, set by their phases whether the phase faults or not.
+        with m.Switch(phase):
+            with m.Case(Phase.M_LAYOUT):
+                m.d.sync += [r.pe_layout[pe].eq(m_layouts[pe]) for pe in range(PE_COUNT)]
+            with m.Case(Phase.ALLOCATE):
+                m.d.sync += [r.out_index[j].eq(Cat(index, hand))
+                             for j, (hand, index) in enumerate(taken)]
+            with m.Case(Phase.D_SHAPE):
+                m.d.sync += [r.d_cells[slot[:2]].eq(d_need),
+                             r.d_cell_cols[slot[:2]].eq(d_cell_cols)]
 
         # ---- outputs ------------------------------------------------------------------
         v = self.verdict.payload
@@ -1278,7 +1400,7 @@ class Preflight(wiring.Component):
             self.approve.eq(self.verdict.valid & (v_outcome == Outcome.APPROVE)),
             self.fault.eq(self.verdict.valid & (v_outcome == Outcome.FAULT)),
             self.noop.eq(self.verdict.valid & (v_outcome == Outcome.NOOP)),
-            self.busy.eq(phase != Phase.IDLE),
+            self.busy.eq((phase != Phase.IDLE) | accepted),
         ]
         self._drive_plan(pm, x, r)
         return m
