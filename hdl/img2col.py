@@ -512,6 +512,14 @@ class SerialProgram:
 # The address generator
 # ---------------------------------------------------------------------------
 
+def _reached(value, pen):
+    """``value == pen`` for a walk coordinate compared only while it is below its last
+    value, so at most the last-but-one ``pen`` (both exact, see :func:`arith_width`): the
+    absence of a borrow in ``value - pen``, which ends one carry chain, where an equality
+    test of ~20 bits became a chain of LUTs (issue #9, decision E21)."""
+    return ~(value - pen)[-1]
+
+
 class Img2ColAddressGenerator(wiring.Component):
     """Source element address (or padding marker) of every destination element of a window.
 
@@ -802,17 +810,17 @@ class Img2ColAddressGenerator(wiring.Component):
         m.d.sync += [cols_left.eq(cols_left - 1), at_last["col"].eq(cols_left == 2),
                      col["col_addr"].eq(col["col_addr"] + delta)]
         with m.If(~at_last["c0"]):
-            m.d.sync += [col["c0"].eq(col["c0"] + 1), at_last["c0"].eq(col["c0"] == c0_pen)]
+            m.d.sync += [col["c0"].eq(col["c0"] + 1), at_last["c0"].eq(_reached(col["c0"], c0_pen))]
         with m.Else():
             m.d.sync += [col["c0"].eq(0), at_last["c0"].eq(fact["c0_single"])]
             with m.If(~at_last["kw"]):
                 m.d.sync += [col["kw_off"].eq(col["kw_off"] + fm.dilation_width),
-                             at_last["kw"].eq(col["kw_off"] == kw_pen)]
+                             at_last["kw"].eq(_reached(col["kw_off"], kw_pen))]
             with m.Else():
                 m.d.sync += [col["kw_off"].eq(0), at_last["kw"].eq(fact["kw_single"])]
                 with m.If(~at_last["kh"]):
                     m.d.sync += [col["kh_off"].eq(col["kh_off"] + fm.dilation_height),
-                                 at_last["kh"].eq(col["kh_off"] == kh_pen)]
+                                 at_last["kh"].eq(_reached(col["kh_off"], kh_pen))]
                 with m.Else():
                     m.d.sync += [col["kh_off"].eq(0), at_last["kh"].eq(fact["kh_single"]),
                                  col["lc_left"].eq(col["lc_left"] - fm.channels_per_group)]
@@ -832,11 +840,11 @@ class Img2ColAddressGenerator(wiring.Component):
                      at_last["col"].eq(fact["one_col"]), at_last["row"].eq(rows_left == 2),
                      row_addr.eq(row_addr + delta)]
         with m.If(~at_last["ow"]):
-            m.d.sync += [iw0.eq(iw0 + fm.stride_width), at_last["ow"].eq(iw0 == iw0_pen)]
+            m.d.sync += [iw0.eq(iw0 + fm.stride_width), at_last["ow"].eq(_reached(iw0, iw0_pen))]
         with m.Else():
             m.d.sync += [iw0.eq(iw0_first), at_last["ow"].eq(fact["ow_single"])]
             with m.If(~at_last["oh"]):
                 m.d.sync += [ih0.eq(ih0 + fm.stride_height),
-                             at_last["oh"].eq(ih0 == ih0_pen)]
+                             at_last["oh"].eq(_reached(ih0, ih0_pen))]
             with m.Else():
                 m.d.sync += [ih0.eq(ih0_first), at_last["oh"].eq(fact["oh_single"])]
