@@ -207,14 +207,14 @@ class SerialProgram:
     Both units are pipelined for clock speed, and the schedule is static (:attr:`schedule`):
     each step issues in the earliest cycle that keeps the program's meaning (a step reads
     its operands when it issues, after every program-earlier step that writes one of them
-    has written it), so independent steps overlap and may pass a step that waits.  The
-    program counter counts cycles; every issue and every write-back happens at a cycle fixed
-    at elaboration time, and the controls are decoded from the counter a cycle ahead into
-    registers.  Cycle 0 only decodes.
+    has written it), so independent steps overlap and may pass a step that waits.  A one-hot
+    phase register marks the cycle; every issue and every write-back happens at a cycle
+    fixed at elaboration time, and the controls are decoded from the phase a cycle ahead
+    into registers, each an OR of phase bits.  Cycle 0 only decodes.
 
-    * A multiply-add registers its operands in its issue cycle, the product in the next and
-      writes ``dst`` in the third (:attr:`muladd_latency` = 3 cycles until ``dst`` can be
-      read).  An independent step can issue in every cycle.
+    * A multiply-add registers its operands in its issue cycle, the product in the next,
+      the sum in the third and writes ``dst`` in the fourth (:attr:`muladd_latency` = 4
+      cycles until ``dst`` can be read).  An independent step can issue in every cycle.
     * A division loads its operands in its issue cycle, finds ``radix_bits`` quotient bits
       per cycle (restoring division) for ``ceil(dividend_width / radix_bits)`` cycles and
       writes its results in the cycle after.  Multiply-adds that do not need its results
@@ -248,10 +248,13 @@ class SerialProgram:
         self.saturate, self.radix_bits = saturate, radix_bits
         self.iterations = math.ceil(dividend_width / radix_bits)
         #: Cycles from a multiply-add's issue until a step can read its result.
-        self.muladd_latency = 3
+        self.muladd_latency = 4
         self.schedule = self._schedule()
         self._enables = []         # write-back enables, filled by emit()
-        self.pc = Signal(range(self.cycles + 1), init=self.cycles, name="program_pc")
+        # Bit c is high in cycle c: a decode of the cycle is an OR of bits, not a compare
+        # chain on a counter (issue #9, decision E21).
+        self.phase = Signal(self.cycles, name="program_phase")
+        self._busy = Signal(name="program_busy")
 
     def _latency(self, step) -> int:
         """Cycles from a step's issue to its write-back."""
@@ -309,7 +312,7 @@ class SerialProgram:
     @property
     def busy(self) -> Value:
         """High while a step is still to run or to write back."""
-        return self.pc != self.cycles
+        return self._busy
 
     @property
     def cycles(self) -> int:
@@ -318,24 +321,34 @@ class SerialProgram:
 
     def start(self) -> list:
         """Statements (for ``m.d.sync``) that restart the program at cycle 0."""
-        return [self.pc.eq(0)]
+        return [self.phase.eq(1), self._busy.eq(1)]
 
     def stop(self) -> list:
         """Statements (for ``m.d.sync``) that abandon the program."""
-        return [self.pc.eq(self.cycles), *(enable.eq(0) for enable in self._enables)]
+        return [self.phase.eq(0), self._busy.eq(0),
+                *(enable.eq(0) for enable in self._enables)]
 
     def emit(self, m: Module) -> None:
         """Add the program's datapath and sequencing to ``m``."""
         w = self.width
-        with m.If(self.busy):
-            m.d.sync += self.pc.eq(self.pc + 1)
+        m.d.sync += [self.phase.eq(self.phase << 1),
+                     self._busy.eq(self._busy & ~self.phase[-1])]
 
         def ahead(cycles, name):
-            """A register that is high in each of ``cycles``: decoded from the counter one
+            """A register that is high in each of ``cycles``: decoded from the phase one
             cycle before, so that no wide decode sits in front of the datapath."""
             flag = Signal(name=name)
-            m.d.sync += flag.eq(Cat(self.pc == c - 1 for c in cycles).any())
+            m.d.sync += flag.eq(Cat(self.phase[c - 1] for c in cycles).any())
             return flag
+
+        def ahead_value(values, shape, name):
+            """A register that holds ``values[c]`` in each cycle c of that table (zero in
+            the others), decoded like :func:`ahead`: bit by bit an OR of phase bits."""
+            reg = Signal(shape, name=name)
+            m.d.sync += reg.eq(Cat(
+                Cat(self.phase[c - 1] for c, v in values.items() if v >> bit & 1).any()
+                for bit in range(len(reg))))
+            return reg
 
         def select(operands, width, name):
             """The operand of the step issuing now, as an AND-OR of its sources, each
@@ -375,11 +388,8 @@ class SerialProgram:
             memory = m.submodules[f"{name}_file"] = Memory(shape=w, depth=len(slots), init=[])
             read = memory.read_port(domain="comb")
             files.append(memory)
-            # The slot is decoded from the counter a cycle ahead, like the selects.
-            with m.Switch(self.pc):
-                for issue, slot in cycles.items():
-                    with m.Case(issue - 1):
-                        m.d.sync += read.addr.eq(slot)
+            # The slot is decoded a cycle ahead, like the selects.
+            m.d.comb += read.addr.eq(ahead_value(cycles, range(len(slots)), f"{name}_file_addr"))
             return value | (read.data & ahead(list(cycles), f"{name}_file_sel").replicate(w))
 
         # Multiply-add: operands, then product, then sum - one register stage each.
@@ -397,11 +407,14 @@ class SerialProgram:
         addend, carry = Signal(w, name="mul_addend"), Signal(name="mul_carry")
         # x*y - z = x*y + ~z + 1 modulo 2**width.
         m.d.sync += [product.eq(x * y), addend.eq(z ^ sub.replicate(w)), carry.eq(sub)]
+        # The sum is a register of its own: the write-back's selects and the operand files'
+        # conversions start from flip-flops, not from the end of the carry chain (E21).
+        result = Signal(w, name="mul_result")
         if self.saturate:
             low = product[:w] + addend
-            result = Mux(product[w:].any() | low[w], (1 << w) - 1, low[:w])
+            m.d.sync += result.eq(Mux(product[w:].any() | low[w], (1 << w) - 1, low[:w]))
         else:
-            result = (product + addend + carry)[:w]
+            m.d.sync += result.eq(product + addend + carry)
 
         # Restoring division, radix_bits quotient bits per cycle.  The quotient register
         # holds the not yet consumed dividend bits below the quotient bits found so far.
@@ -449,7 +462,7 @@ class SerialProgram:
                 with m.If(enable):
                     m.d.sync += dst.eq(value)
         if files:
-            self._emit_file_writes(m, files, slots, result, ahead)
+            self._emit_file_writes(m, files, slots, result, ahead, ahead_value)
 
     def _operand_file_reads(self):
         """Which x and z reads the operand file serves, and the file's slot per register.
@@ -471,7 +484,7 @@ class SerialProgram:
                 last_writer[id(dst)] = type(step)
         return reads, slots
 
-    def _emit_file_writes(self, m, files, slots, result, ahead):
+    def _emit_file_writes(self, m, files, slots, result, ahead, ahead_value):
         """Write every multiply-add result whose register has a slot into the operand files,
         converted as that register holds it (its width and signedness)."""
         by_shape, addresses = {}, {}        # shape -> write cycles; cycle -> slot
@@ -488,11 +501,7 @@ class SerialProgram:
             data.append(widened & ahead(cycles, f"file_shape{len(data)}").replicate(self.width))
         enable = ahead(list(addresses), "file_write")
         self._enables.append(enable)
-        address = Signal(range(len(slots)), name="file_write_addr")
-        with m.Switch(self.pc):
-            for write, slot in addresses.items():
-                with m.Case(write - 1):
-                    m.d.sync += address.eq(slot)
+        address = ahead_value(addresses, range(len(slots)), "file_write_addr")
         for memory in files:
             port = memory.write_port()
             m.d.comb += [port.en.eq(enable), port.addr.eq(address),
@@ -502,6 +511,14 @@ class SerialProgram:
 # ---------------------------------------------------------------------------
 # The address generator
 # ---------------------------------------------------------------------------
+
+def _reached(value, pen):
+    """``value == pen`` for a walk coordinate compared only while it is below its last
+    value, so at most the last-but-one ``pen`` (both exact, see :func:`arith_width`): the
+    absence of a borrow in ``value - pen``, which ends one carry chain, where an equality
+    test of ~20 bits became a chain of LUTs (issue #9, decision E21)."""
+    return ~(value - pen)[-1]
+
 
 class Img2ColAddressGenerator(wiring.Component):
     """Source element address (or padding marker) of every destination element of a window.
@@ -682,7 +699,7 @@ class Img2ColAddressGenerator(wiring.Component):
         fact = {name: Signal(name=name) for name in (
             "c0_single", "kw_single", "kh_single", "ow_single", "oh_single", "seed_c0_last",
             "seed_kw_last", "seed_kh_last", "start_ow_last", "start_oh_last", "one_col",
-            "one_row")}
+            "one_row", "empty")}
         m.d.sync += [
             fact["c0_single"].eq(c0_last == 0), fact["kw_single"].eq(kw_last == 0),
             fact["kh_single"].eq(kh_last == 0), fact["ow_single"].eq(iw0_last == iw0_first),
@@ -692,6 +709,7 @@ class Img2ColAddressGenerator(wiring.Component):
             fact["seed_kh_last"].eq(seed["kh_off"] == kh_last),
             fact["start_ow_last"].eq(iw0 == iw0_last), fact["start_oh_last"].eq(ih0 == ih0_last),
             fact["one_col"].eq(job.valid_col == 1), fact["one_row"].eq(job.valid_row == 1),
+            fact["empty"].eq((job.valid_row == 0) | (job.valid_col == 0)),
         ]
 
         # Walk state besides the coordinates: the remaining columns and rows, and the
@@ -700,6 +718,17 @@ class Img2ColAddressGenerator(wiring.Component):
         at_last = {name: Signal(name=name + "_at_last") for name in (
             "c0", "kw", "kh", "ow", "oh", "col", "row")}
         walk = (seed, col, cols_left, rows_left, at_last, fact)
+        # The address steps, chosen by the flags alone (not by the walk's state or its
+        # handshake), so that those reach the address registers' enables and not the
+        # adders' inputs (issue #9, decision E21).
+        col_delta = Signal(a_w, name="col_delta")
+        row_delta = Signal(a_w, name="row_delta")
+        m.d.comb += [
+            col_delta.eq(Mux(~at_last["c0"], 1, Mux(~at_last["kw"], kw_delta,
+                                                     Mux(~at_last["kh"], kh_delta, c1_delta)))),
+            row_delta.eq(Mux(~at_last["ow"], ow_step, Mux(~at_last["oh"], oh_delta,
+                                                          image_delta))),
+        ]
 
         # Two register stages after the walk: the element's coordinates and index, then
         # the output payload with the padding test.  All stages advance together.
@@ -742,7 +771,7 @@ class Img2ColAddressGenerator(wiring.Component):
                              at_last["oh"].eq(fact["start_oh_last"]),
                              at_last["col"].eq(fact["one_col"]),
                              at_last["row"].eq(fact["one_row"])]
-                with m.If((job.valid_row == 0) | (job.valid_col == 0) | self.abort):
+                with m.If(fact["empty"] | self.abort):
                     m.next = "IDLE"
                 with m.Else():
                     m.next = "RUN"
@@ -756,11 +785,9 @@ class Img2ColAddressGenerator(wiring.Component):
                                  element.last.eq(at_last["col"] & at_last["row"])]
                     with m.If(at_last["col"]):
                         self._next_row(m, job, fm, walk, (ih0, iw0, row_addr),
-                                       (iw0_first, iw0_pen, ih0_first, ih0_pen),
-                                       (ow_step, oh_delta, image_delta))
+                                       (iw0_first, iw0_pen, ih0_first, ih0_pen), row_delta)
                     with m.Else():
-                        self._next_column(m, fm, walk, (c0_pen, kw_pen, kh_pen),
-                                          (kw_delta, kh_delta, c1_delta))
+                        self._next_column(m, fm, walk, (c0_pen, kw_pen, kh_pen), col_delta)
                     with m.If(at_last["col"] & at_last["row"]):
                         m.next = "IDLE"
                 with m.If(self.abort):
@@ -771,47 +798,40 @@ class Img2ColAddressGenerator(wiring.Component):
         return m
 
     @staticmethod
-    def _next_column(m, fm, walk, pens, deltas):
+    def _next_column(m, fm, walk, pens, delta):
         """Advance (c1, kh, kw, c0) by one: c0 fastest, then kw, kh, c1.
 
         A counter's "at last" flag is set when it steps onto its last value (its value
         now equals the last-but-one) or wraps to a first value that is also the last.
+        ``delta`` is the column address's step, which the wrap pattern picks.
         """
         _, col, cols_left, _, at_last, fact = walk
         c0_pen, kw_pen, kh_pen = pens
-        kw_delta, kh_delta, c1_delta = deltas
-        # One adder for the column address; the wrap pattern picks its delta.
-        delta = Signal.like(col["col_addr"], name="col_delta")
         m.d.sync += [cols_left.eq(cols_left - 1), at_last["col"].eq(cols_left == 2),
                      col["col_addr"].eq(col["col_addr"] + delta)]
         with m.If(~at_last["c0"]):
-            m.d.comb += delta.eq(1)
-            m.d.sync += [col["c0"].eq(col["c0"] + 1), at_last["c0"].eq(col["c0"] == c0_pen)]
+            m.d.sync += [col["c0"].eq(col["c0"] + 1), at_last["c0"].eq(_reached(col["c0"], c0_pen))]
         with m.Else():
             m.d.sync += [col["c0"].eq(0), at_last["c0"].eq(fact["c0_single"])]
             with m.If(~at_last["kw"]):
-                m.d.comb += delta.eq(kw_delta)
                 m.d.sync += [col["kw_off"].eq(col["kw_off"] + fm.dilation_width),
-                             at_last["kw"].eq(col["kw_off"] == kw_pen)]
+                             at_last["kw"].eq(_reached(col["kw_off"], kw_pen))]
             with m.Else():
                 m.d.sync += [col["kw_off"].eq(0), at_last["kw"].eq(fact["kw_single"])]
                 with m.If(~at_last["kh"]):
-                    m.d.comb += delta.eq(kh_delta)
                     m.d.sync += [col["kh_off"].eq(col["kh_off"] + fm.dilation_height),
-                                 at_last["kh"].eq(col["kh_off"] == kh_pen)]
+                                 at_last["kh"].eq(_reached(col["kh_off"], kh_pen))]
                 with m.Else():
-                    m.d.comb += delta.eq(c1_delta)
                     m.d.sync += [col["kh_off"].eq(0), at_last["kh"].eq(fact["kh_single"]),
                                  col["lc_left"].eq(col["lc_left"] - fm.channels_per_group)]
 
     @staticmethod
-    def _next_row(m, job, fm, walk, row, ends, deltas):
-        """Restart the columns from their seed and advance (image, oh, ow) by one."""
+    def _next_row(m, job, fm, walk, row, ends, delta):
+        """Restart the columns from their seed and advance (image, oh, ow) by one;
+        ``delta`` is the row address's step, which the wrap pattern picks."""
         seed, col, cols_left, rows_left, at_last, fact = walk
         ih0, iw0, row_addr = row
         iw0_first, iw0_pen, ih0_first, ih0_pen = ends
-        ow_step, oh_delta, image_delta = deltas
-        delta = Signal.like(row_addr, name="row_delta")
         m.d.sync += [col[k].eq(seed[k]) for k in col]
         m.d.sync += [cols_left.eq(job.valid_col), rows_left.eq(rows_left - 1),
                      at_last["c0"].eq(fact["seed_c0_last"]),
@@ -820,14 +840,11 @@ class Img2ColAddressGenerator(wiring.Component):
                      at_last["col"].eq(fact["one_col"]), at_last["row"].eq(rows_left == 2),
                      row_addr.eq(row_addr + delta)]
         with m.If(~at_last["ow"]):
-            m.d.comb += delta.eq(ow_step)
-            m.d.sync += [iw0.eq(iw0 + fm.stride_width), at_last["ow"].eq(iw0 == iw0_pen)]
+            m.d.sync += [iw0.eq(iw0 + fm.stride_width), at_last["ow"].eq(_reached(iw0, iw0_pen))]
         with m.Else():
             m.d.sync += [iw0.eq(iw0_first), at_last["ow"].eq(fact["ow_single"])]
             with m.If(~at_last["oh"]):
-                m.d.comb += delta.eq(oh_delta)
                 m.d.sync += [ih0.eq(ih0 + fm.stride_height),
-                             at_last["oh"].eq(ih0 == ih0_pen)]
+                             at_last["oh"].eq(_reached(ih0, ih0_pen))]
             with m.Else():
-                m.d.comb += delta.eq(image_delta)
                 m.d.sync += [ih0.eq(ih0_first), at_last["oh"].eq(fact["oh_single"])]

@@ -50,7 +50,7 @@ job committed.
 
 from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, enum, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..model.datatype import DataType, TIMG2COL_TYPES
@@ -260,12 +260,26 @@ class Img2ColEngine(wiring.Component):
         m.submodules.walked = walked = ResetInserter(gen.abort)(
             SkidBuffer(AddressLayout(self.index_width)))
         wiring.connect(m, gen.out, walked.i)
-        m.submodules.pending = pending = SyncFIFO(width=_PendingLayout.size,
-                                                  depth=self.fifo_depth)
+        # The queue's head is a register: the copy's decisions start from flip-flops, not
+        # from a LUT-RAM read behind the read pointer (issue #9, decision E21).
+        m.submodules.pending = pending = SyncFIFOBuffered(width=_PendingLayout.size,
+                                                          depth=self.fifo_depth)
 
         job = Signal(self.job_layout, name="job")
         fm_parts = Signal(64 * FM_PARTS, name="fm_parts", reset_less=True)
         fm = FEATURE_MAP_DESCRIPTOR(fm_parts[:FEATURE_MAP_DESCRIPTOR.size])
+        # A feature-map beat is registered as it arrives and stored in its part a cycle
+        # later: the beat comes from the store's block RAMs, and their outputs then reach
+        # flip-flops only, not the part decode in front of 340 enables (E21).  The last
+        # part is stored in the cycle the job is taken, before the preflight reads it.
+        beat = Signal(FeatureMapPartLayout, name="fm_beat", reset_less=True)
+        beat_valid = Signal(name="fm_beat_valid")
+        m.d.sync += beat_valid.eq(0)
+        with m.If(beat_valid):
+            with m.Switch(beat.part):
+                for part in range(FM_PARTS):
+                    with m.Case(part):
+                        m.d.sync += fm_parts.word_select(part, 64).eq(beat.data)
         m.d.comb += gen.fm.eq(fm)
         checks = self._preflight(m, job, fm)
         program, out_height, out_width, first_failure, window_empty = checks
@@ -278,14 +292,17 @@ class Img2ColEngine(wiring.Component):
                     m.d.comb += self.fault.eq(fault_class)
 
         # Element width of the job's type: the padding word and source data are cut to it.
+        # Both are registers, settled long before the copy (the job and the feature map are
+        # held from the job's acceptance on).
         bits = Signal(range(DATA_WIDTH + 1), name="element_bits")
         with m.Switch(job.dtype):
             for dtype in TIMG2COL_TYPES:
                 with m.Case(dtype.value):
                     m.d.comb += bits.eq(dtype.bits)
         element_mask = Signal(DATA_WIDTH, name="element_mask")
-        m.d.comb += element_mask.eq((Const(1, DATA_WIDTH + 1) << bits) - 1)
-        pad_value = fm.padding[:DATA_WIDTH] & element_mask
+        pad_value = Signal(DATA_WIDTH, name="pad_value")
+        m.d.sync += [element_mask.eq((Const(1, DATA_WIDTH + 1) << bits) - 1),
+                     pad_value.eq(fm.padding[:DATA_WIDTH] & element_mask)]
 
         # The generator's command: the window plus outH/outW from preflight.
         m.d.comb += [gen.cmd.payload.out_height.eq(out_height),
@@ -300,42 +317,56 @@ class Img2ColEngine(wiring.Component):
         element = walked.o.payload
         faulted = Signal(name="faulted")        # a referenced element was undefined
         copying = Signal(name="copying")
+        offered = Signal(name="src_req_offered")    # offered and not taken in the last cycle
+        m.d.sync += offered.eq(self.src_req.valid & ~self.src_req.ready)
+        # After a fault no new request is offered, and the walk stops once none is on offer:
+        # so the stop is decided from registers, not through the source port's handshake,
+        # which fans out into every register of the generator (issue #9, decision E21).
+        issuing = ~faulted | offered
         m.d.comb += [
             self.src_req.payload.eq(element.index),
-            self.src_req.valid.eq(copying & walked.o.valid & ~element.pad & pending.w_rdy),
+            self.src_req.valid.eq(copying & walked.o.valid & ~element.pad & pending.w_rdy
+                                  & issuing),
             walked.o.ready.eq(copying & pending.w_rdy
-                              & Mux(element.pad, ~faulted, self.src_req.ready)),
+                              & Mux(element.pad, ~faulted, self.src_req.ready & issuing)),
             pending.w_en.eq(walked.o.valid & walked.o.ready),
             pending.w_data.eq(Cat(element.pad, element.row_last, element.last)),
-            # After a fault, stop the walk - but not while a request is still on offer.
-            gen.abort.eq(copying & faulted & ~(self.src_req.valid & ~self.src_req.ready)),
+            gen.abort.eq(copying & faulted & ~offered),
         ]
 
         # Write side, in order: a padding element is written at once, a real one when its
-        # response arrives (and only if it is defined).
+        # response arrives (and only if it is defined).  An element goes out through a
+        # register (address, data, valid, whether it is the window's last), so the store's
+        # write port starts from flip-flops (issue #9, decision E21).
         head = data.View(_PendingLayout, pending.r_data)
         head_real = pending.r_rdy & ~head.pad
         rsp = self.src_rsp.payload
         dst_addr = Signal(self.index_width, name="dst_addr")
         row_base = Signal(self.index_width, name="dst_row_base")
-        m.d.comb += [
-            self.dst.payload.addr.eq(dst_addr),
-            self.dst.payload.data.eq(Mux(head.pad, pad_value, rsp.data & element_mask)),
-        ]
+        out = Signal(DestinationWriteLayout(self.index_width), name="dst_out")
+        out_valid, out_last = Signal(name="dst_out_valid"), Signal(name="dst_out_last")
+        out_free = ~out_valid | self.dst.ready
+        staged = Signal(name="dst_staged")
+        m.d.comb += [self.dst.valid.eq(out_valid), self.dst.payload.eq(out)]
+        # The queue holds entries only while copying (the job ends on an empty queue), so
+        # its head needs no test of ``copying``.
         with m.If(~faulted):
             m.d.comb += [
-                self.dst.valid.eq(copying & pending.r_rdy
-                                  & (head.pad | (self.src_rsp.valid & rsp.defined))),
-                self.src_rsp.ready.eq(copying & head_real
-                                      & (self.dst.ready | ~rsp.defined)),
+                staged.eq(pending.r_rdy & out_free
+                          & (head.pad | (self.src_rsp.valid & rsp.defined))),
+                self.src_rsp.ready.eq(head_real & (out_free | ~rsp.defined)),
             ]
         with m.Else():
             m.d.comb += self.src_rsp.ready.eq(head_real)
         written = self.dst.valid & self.dst.ready
         dropped = faulted & pending.r_rdy & (head.pad | self.src_rsp.valid)
         undefined = self.src_rsp.valid & self.src_rsp.ready & ~rsp.defined & ~faulted
-        m.d.comb += pending.r_en.eq(written | dropped | undefined)
+        m.d.comb += pending.r_en.eq(staged | dropped | undefined)
         with m.If(written):
+            m.d.sync += out_valid.eq(0)
+        with m.If(staged):
+            m.d.sync += [out_valid.eq(1), out_last.eq(head.last), out.addr.eq(dst_addr),
+                         out.data.eq(Mux(head.pad, pad_value, rsp.data & element_mask))]
             with m.If(head.row_last):
                 m.d.sync += [row_base.eq(row_base + job.dst_cols),
                              dst_addr.eq(row_base + job.dst_cols)]
@@ -352,11 +383,7 @@ class Img2ColEngine(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += [self.job.ready.eq(1), self.fm.ready.eq(1)]
                 with m.If(self.fm.valid):
-                    with m.Switch(self.fm.payload.part):
-                        for part in range(FM_PARTS):
-                            with m.Case(part):
-                                m.d.sync += fm_parts.word_select(part, 64).eq(
-                                    self.fm.payload.data)
+                    m.d.sync += [beat.eq(self.fm.payload), beat_valid.eq(1)]
                 with m.If(self.job.valid):
                     m.d.sync += [job.eq(self.job.payload), *program.start()]
                     m.next = "PREFLIGHT"
@@ -383,10 +410,11 @@ class Img2ColEngine(wiring.Component):
                         m.next = "COPY"
             with m.State("COPY"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(written & head.last):
+                with m.If(written & out_last):
                     m.d.sync += copying.eq(0)
                     finish(Img2ColCheck.NONE)
-                with m.If(faulted & ~pending.r_rdy & ~gen.busy & (walked.level == 0)):
+                with m.If(faulted & (pending.r_level == 0) & ~out_valid & ~gen.busy
+                          & (walked.level == 0)):
                     m.d.sync += copying.eq(0)
                     finish(Img2ColCheck.UNDEFINED)
             with m.State("DONE"):
@@ -448,17 +476,20 @@ class Img2ColEngine(wiring.Component):
         job_facts = {name: Signal(name=name) for name in (
             "fm_fields_ok", "types_ok", "window_empty")}
         window_ends = Signal(17, name="window_row_end"), Signal(17, name="window_col_end")
-        nonzero = Cat(*(getattr(fm, name) != 0 for name in (
+        # The 13 fields' zero tests are registers of their own before their AND (E21).
+        nonzero = Signal(13, name="fm_nonzero")
+        m.d.sync += nonzero.eq(Cat(*(getattr(fm, name) != 0 for name in (
             "batches", "depth", "channel_groups", "height", "width", "channels_per_group",
             "filter_height", "filter_width", "stride_height", "stride_width",
-            "dilation_height", "dilation_width", "logical_channels"))).all()
+            "dilation_height", "dilation_width", "logical_channels"))))
         type_ok = Signal(name="type_ok")
         with m.Switch(job.src_dtype):
             with m.Case(*(t.value for t in TIMG2COL_TYPES)):
                 m.d.comb += type_ok.eq(1)
         m.d.sync += [
             job_facts["fm_fields_ok"].eq(
-                fm.valid & (fm.layout <= FeatureMapLayout.NDC1HWC0) & nonzero & ~fm.transposed
+                fm.valid & (fm.layout <= FeatureMapLayout.NDC1HWC0) & nonzero.all()
+                & ~fm.transposed
                 & ((fm.layout == FeatureMapLayout.NDC1HWC0) | (fm.depth == 1))),
             job_facts["types_ok"].eq(type_ok & (job.dtype == job.src_dtype)
                                      & (job.src_layout == Layout.ROW_MAJOR)),
@@ -472,15 +503,24 @@ class Img2ColEngine(wiring.Component):
 
         # The comparisons with the program's results are registered before the priority
         # select: both in one cycle made the engine's longest path (issue #9, decision E20).
-        feature_map_ok = Signal(name="feature_map_ok")
-        shape_ok = Signal(name="output_shape_ok")
-        window_ok = Signal(name="window_ok")
+        # One register per comparison, each the end of one carry chain (E21): a <= b is
+        # "b - a does not borrow", and padded > rec the carry out of padded + ~rec, the
+        # divisions' dividend.  Written as compares, yosys tested a difference for zero
+        # after its chain, or merged the compare into the dividend's adder and did that.
+        compared = {name: Signal(name=name) for name in (
+            "channels_ok", "physical_ok", "height_ok", "width_ok", "rows_ok", "cols_ok")}
         m.d.sync += [
-            feature_map_ok.eq(job_facts["fm_fields_ok"] & (fm.logical_channels <= c1c0)
-                              & (physical <= job.src_elements)),
-            shape_ok.eq((padded_h > rec_h) & (padded_w > rec_w)),
-            window_ok.eq((window_ends[0] <= rows) & (window_ends[1] <= cols)),
+            compared["channels_ok"].eq(~(c1c0 - fm.logical_channels)[-1]),
+            compared["physical_ok"].eq(~(job.src_elements - physical)[-1]),
+            compared["height_ok"].eq((padded_h + ~rec_h)[-1]),
+            compared["width_ok"].eq((padded_w + ~rec_w)[-1]),
+            compared["rows_ok"].eq(~(rows - window_ends[0])[-1]),
+            compared["cols_ok"].eq(~(cols - window_ends[1])[-1]),
         ]
+        feature_map_ok = (job_facts["fm_fields_ok"] & compared["channels_ok"]
+                          & compared["physical_ok"])
+        shape_ok = compared["height_ok"] & compared["width_ok"]
+        window_ok = compared["rows_ok"] & compared["cols_ok"]
 
         first_failure = Signal(Img2ColCheck, name="first_failure")
         failure = Signal(Img2ColCheck, name="first_failure_comb")
@@ -517,22 +557,29 @@ class Img2ColEngine(wiring.Component):
         for i in range(16):
             with m.If(cols[i]):
                 m.d.comb += log2_cols.eq(i)
-        # First stage: the logarithms and the facts that need no arithmetic on them.
+        # First stage: the logarithms and the facts that need no arithmetic on them; the
+        # power-of-two test and the other column facts apart, each a short cone (E21).
         row_log2_parts = Signal(signed(7), name="dst_log2_rows_part")
+        columns_pow2 = Signal(name="dst_columns_pow2")
         columns_ok = Signal(name="dst_columns_ok")
         m.d.sync += [
             row_log2_parts.eq(size_code + 9 - log2_bits),
-            columns_ok.eq((cols != 0) & ((cols & (cols - 1)) == 0)
-                          & (size_code >= 1) & (size_code <= self.max_size_code)
-                          & (job.valid_col <= cols)),
+            columns_pow2.eq((cols != 0) & ((cols & (cols - 1)) == 0)),
+            columns_ok.eq((size_code >= 1) & (size_code <= self.max_size_code)
+                          & ~(cols - job.valid_col)[-1]),
         ]
         log2_cols_r = Signal(4, name="dst_log2_cols_r")
         m.d.sync += log2_cols_r.eq(log2_cols)
-        # Second stage: log2 of the rows TSize holds; third: the verdict.
+        # Second stage: log2 of the rows TSize holds; third: the rows as a number and
+        # whether the logarithm is in range; fourth: the verdict.
         row_log2 = Signal(signed(7), name="dst_log2_rows")
         columns_ok_r = Signal(name="dst_columns_ok_r")
-        m.d.sync += [row_log2.eq(row_log2_parts - log2_cols_r), columns_ok_r.eq(columns_ok)]
+        m.d.sync += [row_log2.eq(row_log2_parts - log2_cols_r),
+                     columns_ok_r.eq(columns_ok & columns_pow2)]
+        row_limit = Signal(17, name="dst_row_limit")
+        rows_ok = Signal(name="dst_rows_ok")
+        m.d.sync += [row_limit.eq(Const(1, 17) << row_log2[:4]),
+                     rows_ok.eq(columns_ok_r & (row_log2 >= 0) & (row_log2 <= 15))]
         ok = Signal(name="dst_shape_ok")
-        m.d.sync += ok.eq(columns_ok_r & (row_log2 >= 0) & (row_log2 <= 15)
-                          & (job.valid_row <= (Const(1, 17) << row_log2[:4])))
-        return ok, 3
+        m.d.sync += ok.eq(rows_ok & ~(row_limit - job.valid_row)[-1])
+        return ok, 4

@@ -365,15 +365,17 @@ async def _run_engines(ctx, bench, state, record):
                   [int(v) | (int(d) << 32) for v, d in zip(src.raw_slots().tolist(),
                                                            src.defined.tolist())])
         ctx.set(engine.job.valid, 1)
-        ctx.set(engine.src_req.ready, 1)
         ctx.set(engine.dst.ready, 1)
         *_, accepted = await ctx.tick().sample(engine.job.ready)
         assert accepted
         ctx.set(engine.job.valid, 0)
         pending = None
         for _ in range(100_000):
-            ctx.set(engine.src_rsp.valid, pending is not None)
-            if pending is not None:
+            # A source that holds one response: it takes a request only when it holds none.
+            ready = pending is None
+            ctx.set(engine.src_req.ready, ready)
+            ctx.set(engine.src_rsp.valid, not ready)
+            if not ready:
                 ctx.set(engine.src_rsp.payload.as_value(), pending)
             (_, _, req_valid, index, rsp_ready, done, commit,
              fault) = await ctx.tick().sample(engine.src_req.valid, engine.src_req.payload,
@@ -381,8 +383,7 @@ async def _run_engines(ctx, bench, state, record):
                                               engine.commit, engine.fault)
             if pending is not None and rsp_ready:
                 pending = None
-            if req_valid:
-                assert pending is None
+            if req_valid and ready:
                 pending = memory[index]
             if done:
                 break
