@@ -12,7 +12,7 @@ except the CELL index of a ``CUBE_N8`` column, which is ``(col // 8) * K_repeat`
 (:func:`n8_column_cells`, computed once per column and shared by its addresses).
 """
 
-from amaranth.hdl import Module, Mux, Signal, Value
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 
 from ..model.datatype import DataType
 
@@ -34,11 +34,21 @@ def log2_bits(m: Module, dtype: Value, name: str) -> Signal:
 
 
 def log2_of_power(m: Module, value: Value, name: str) -> Signal:
-    """log2 of a power of two (the index of its highest set bit)."""
+    """log2 of a power of two (the index of its highest set bit; 0 for 0).
+
+    A tree of halves (does the upper half hold a set bit, then that half's index), so that
+    its depth grows with log2 of the width, not with the width."""
+    def highest(bits):
+        if len(bits) == 1:
+            return bits[0], Const(0, 0)
+        half = 1 << ((len(bits) - 1).bit_length() - 1)
+        lo_any, lo_index = highest(bits[:half])
+        hi_any, hi_index = highest(bits[half:])
+        width = (half - 1).bit_length()
+        return lo_any | hi_any, Cat(Mux(hi_any, hi_index, lo_index)[:width], hi_any)
+
     out = Signal(range(max(2, len(value))), name=name)
-    for bit in range(len(value)):
-        with m.If(value[bit]):
-            m.d.comb += out.eq(bit)
+    m.d.comb += out.eq(highest(Value.cast(value))[1])
     return out
 
 

@@ -22,7 +22,8 @@ three units around the :class:`~ptocube.hdl.systolic.SystolicArray` at once:
   the reductions into output words;
 
 sharing the store's one read port through a :class:`~ptocube.hdl.read_arbiter.ReadArbiter`;
-drained rows reach the result path through a FIFO.
+beats reach the array through a head and a skid register, drained rows reach the result
+path through a FIFO.
 ``docs/hdl-cube.md`` describes the schedule and the figures.
 """
 
@@ -118,15 +119,26 @@ class CubeEngine(wiring.Component):
         m.submodules.result = result = ResultPath(cfg, array.drain.payload.shape(), slots)
         m.submodules.reads = reads = ReadArbiter(cfg, 4)
         # A run uses the buffered feed when it can (Local A and B) and the lane feed
-        # otherwise; the idle one offers nothing.
-        buffered = Signal()
+        # otherwise; the idle one offers nothing.  Beats reach the array through a head
+        # register with a skid register behind it (decision C26): the array decides from a
+        # beat in flip-flops, and the feeds see a ready from one (the skid is free), so
+        # that the array's acceptance does not reach the enables of the feeds' pipelines.
+        buffered = Signal()                 # registered beside the run context
+        beat_shape = array.feed.payload.shape()
+        head, skid = Signal(beat_shape, name="beat_head"), Signal(beat_shape, name="beat_skid")
+        head_valid, skid_valid = Signal(), Signal()
+        in_beat = Mux(buffered, panels.feed.payload.as_value(), feed.feed.payload.as_value())
+        in_take = Mux(buffered, panels.feed.valid, feed.feed.valid) & ~skid_valid
         m.d.comb += [
-            array.feed.valid.eq(Mux(buffered, panels.feed.valid, feed.feed.valid)),
-            array.feed.payload.eq(Mux(buffered, panels.feed.payload.as_value(),
-                                      feed.feed.payload.as_value())),
-            panels.feed.ready.eq(buffered & array.feed.ready),
-            feed.feed.ready.eq(~buffered & array.feed.ready),
+            array.feed.valid.eq(head_valid), array.feed.payload.eq(head),
+            panels.feed.ready.eq(buffered & ~skid_valid),
+            feed.feed.ready.eq(~buffered & ~skid_valid),
         ]
+        with m.If(~head_valid | array.feed.ready):
+            m.d.sync += [head_valid.eq(skid_valid | in_take), skid_valid.eq(0),
+                         head.eq(Mux(skid_valid, skid.as_value(), in_beat))]
+        with m.Elif(in_take):
+            m.d.sync += [skid_valid.eq(1), skid.eq(in_beat)]
         wiring.connect(m, fill.fill, array.fill)
         # Drained rows wait in a FIFO (4 groups' worth), so that the array's exchanges go on
         # while the result path is still writing D's zero prefill at the start of a run.
@@ -180,6 +192,13 @@ class CubeEngine(wiring.Component):
                 found = found | hit
             return found, value
 
+        # Every unit idle and no beat or drained row left, registered: the units' done
+        # flags drop in the cycle after ``run_start`` and, once all high, stay high until
+        # the next one, so the flag may be a cycle late (not set from ``SETTLE``).
+        finished = Signal()
+        m.d.sync += finished.eq(feed.done & panels.done & fill.done & result.done
+                                & reads.idle & ~drained.r_rdy & ~head_valid & ~skid_valid
+                                & ~run_start)
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -212,8 +231,7 @@ class CubeEngine(wiring.Component):
                 m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(feed.done & panels.done & fill.done & result.done & reads.idle
-                          & ~drained.r_rdy & ~run_start):
+                with m.If(finished):
                     m.d.sync += fresh.eq(0)
                     found, following = next_pe_after(pe)
                     with m.If(found):
@@ -228,48 +246,53 @@ class CubeEngine(wiring.Component):
         # The run context of the current PE
         # ------------------------------------------------------------------
         # Registered (decision C19): every unit of the run sees it straight from flip-flops,
-        # not through the type decoders, the descriptor muxes and the K-repeat adder.
-        ctx, run = Signal(RunLayout(cfg)), Signal(RunLayout(cfg))
-        m.d.sync += run.eq(ctx)
+        # not through the type decoders, the descriptor muxes and the K-repeat adder.  The
+        # part that comes from the plan and ``pe`` passes one more register (``pre``, and
+        # the K-repeat's shift before it, decision C26): both hold still for the whole
+        # descriptor walk, at least ten cycles before ``SETTLE``.
+        pre, run = Signal(RunLayout(cfg), name="run_pre"), Signal(RunLayout(cfg))
+        m.d.sync += run.eq(pre)
         form = plan.op[0:2]
         is_float = plan.acc_type == int(DataType.FP32)
         b_log2w = log2_bits(m, plan.b_type, "b_log2w")
-        cr_log2 = (7 - b_log2w)[:3]
+        cr_log2 = Signal(3)
+        m.d.sync += cr_log2.eq(7 - b_log2w)
         geometry = plan.d_geometry[pe]
-        m.d.comb += [
-            ctx.space.as_value().eq(pe), ctx.m.eq(plan.m), ctx.n.eq(plan.n), ctx.k.eq(plan.k),
-            ctx.a_type.eq(plan.a_type), ctx.b_type.eq(plan.b_type),
-            ctx.acc_type.eq(plan.acc_type),
-            ctx.a_log2w.eq(log2_bits(m, plan.a_type, "a_log2w")), ctx.b_log2w.eq(b_log2w),
-            ctx.d_log2w.eq(log2_bits(m, plan.d_type, "d_log2w")),
-            ctx.b_k_repeat.eq((plan.k + (1 << cr_log2) - 1) >> cr_log2),
-            ctx.m32.eq(geometry.layout == Layout.CUBE_M32.value),
-            ctx.a_shared.eq(plan.operands[OperandRole.A.value].shared),
-            ctx.b_shared.eq(plan.operands[OperandRole.B.value].shared),
-            ctx.trans_a.eq(plan.trans_a), ctx.trans_b.eq(plan.trans_b),
-            ctx.a_scaled.eq(plan.a_scaled), ctx.b_scaled.eq(plan.b_scaled),
-            ctx.acc.eq(form == 2), ctx.int_bias.eq((form == 1) & ~is_float),
-            ctx.float_bias.eq((form == 1) & is_float),
-            ctx.d_cells.eq(geometry.cells),
+        m.d.sync += [
+            pre.space.as_value().eq(pe), pre.m.eq(plan.m), pre.n.eq(plan.n), pre.k.eq(plan.k),
+            pre.a_type.eq(plan.a_type), pre.b_type.eq(plan.b_type),
+            pre.acc_type.eq(plan.acc_type),
+            pre.a_log2w.eq(log2_bits(m, plan.a_type, "a_log2w")), pre.b_log2w.eq(b_log2w),
+            pre.d_log2w.eq(log2_bits(m, plan.d_type, "d_log2w")),
+            pre.b_k_repeat.eq((plan.k + (1 << cr_log2) - 1) >> cr_log2),
+            pre.m32.eq(geometry.layout == Layout.CUBE_M32.value),
+            pre.a_shared.eq(plan.operands[OperandRole.A.value].shared),
+            pre.b_shared.eq(plan.operands[OperandRole.B.value].shared),
+            pre.trans_a.eq(plan.trans_a), pre.trans_b.eq(plan.trans_b),
+            pre.a_scaled.eq(plan.a_scaled), pre.b_scaled.eq(plan.b_scaled),
+            pre.acc.eq(form == 2), pre.int_bias.eq((form == 1) & ~is_float),
+            pre.float_bias.eq((form == 1) & is_float),
+            pre.d_cells.eq(geometry.cells),
         ]
         for index, (r, name) in enumerate(zip(_ROLES, ("c", "a", "a_scale", "b", "b_scale",
                                                        "bias", "rowmax_in", "quant",
                                                        "alpha"))):
-            info = getattr(ctx, name)
-            m.d.comb += [info.space.as_value().eq(Mux(plan.operands[r.value].shared,
-                                                     MemSpace.SHARED.value, pe)),
-                         info.base.eq(bases[index]), info.log2p.eq(log2ps[index])]
+            m.d.sync += getattr(pre, name).space.as_value().eq(
+                Mux(plan.operands[r.value].shared, MemSpace.SHARED.value, pe))
+            # The descriptors' fields come straight from their registers.
+            m.d.sync += [getattr(run, name).base.eq(bases[index]),
+                         getattr(run, name).log2p.eq(log2ps[index])]
         outputs = self.out_base[pe]
         group_entry = 1 + plan.row_max
-        m.d.comb += [
-            ctx.d.space.as_value().eq(pe), ctx.d.base.eq(outputs[0]),
-            ctx.row_max.space.as_value().eq(pe), ctx.row_max.base.eq(outputs[1]),
-            ctx.row_max.log2p.eq(log2_of_power(m, plan.outputs[1].phys_cols, "rm_log2p")),
-            ctx.group_max.space.as_value().eq(pe), ctx.group_max.base.eq(outputs[group_entry]),
-            ctx.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
+        m.d.sync += [
+            pre.d.space.as_value().eq(pe), pre.d.base.eq(outputs[0]),
+            pre.row_max.space.as_value().eq(pe), pre.row_max.base.eq(outputs[1]),
+            pre.row_max.log2p.eq(log2_of_power(m, plan.outputs[1].phys_cols, "rm_log2p")),
+            pre.group_max.space.as_value().eq(pe), pre.group_max.base.eq(outputs[group_entry]),
+            pre.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
                                                  "gm_log2p")),
         ]
-        m.d.comb += buffered.eq(panel_feed_usable(run))
+        m.d.sync += buffered.eq(panel_feed_usable(pre))
         for unit in (fill, result):
             m.d.comb += [unit.run.eq(run), unit.start.eq(run_start)]
         m.d.comb += [feed.run.eq(run), feed.start.eq(run_start & ~buffered),

@@ -313,12 +313,14 @@ class OperandFeed(FeedComponent):
         nxt_full = nxt_count == slots
         have_group = Signal()
         load_group = Signal()
+        # A group loads only from a full ``nxt`` and the walker steps only into one not
+        # full, so the walker's moves do not wait for the sequencer's decision.
+        with m.If(load_group):
+            m.d.sync += [c.eq(n) for c, n in zip(cur, nxt)]
+            m.d.sync += nxt_count.eq(0)
         with m.If(restart):
             m.d.sync += [walk_r.eq(0), walk_c.eq(0), nxt_count.eq(0), m_left.eq(run.m),
                          n_left.eq(run.n)]
-        with m.Elif(load_group):
-            m.d.sync += [c.eq(n) for c, n in zip(cur, nxt)]
-            m.d.sync += nxt_count.eq(0)
         with m.Elif(~nxt_full):
             for l in range(slots):
                 with m.If(nxt_count == l):
@@ -337,7 +339,7 @@ class OperandFeed(FeedComponent):
         k = Signal(16)
         left = Signal(16)                   # terms after k
         last_term = Signal()                # left == 0, kept with it
-        k_zero = k == 0
+        k_zero = Signal()                   # k == 0, kept with it
         block = Signal(Block)
         m.d.comb += block.eq(cur[0])
         for l in range(1, slots):
@@ -351,7 +353,7 @@ class OperandFeed(FeedComponent):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
-                    m.d.sync += [s.eq(0), k.eq(0),
+                    m.d.sync += [s.eq(0), k.eq(0), k_zero.eq(1),
                                  left.eq((run.k + f.run_float_bias - 1)[:16]),
                                  last_term.eq(run.k + f.run_float_bias == 1)]
                     m.next = "NULL_FIRST"
@@ -370,7 +372,7 @@ class OperandFeed(FeedComponent):
                     with m.Else():
                         m.d.comb += [emit.eq(1), real.eq(block.used), next_slot.eq(adv)]
                 with m.If(have_group & next_slot & (s == slots - 1)):
-                    m.d.sync += [k.eq(Mux(last_term, 0, k + 1)),
+                    m.d.sync += [k.eq(Mux(last_term, 0, k + 1)), k_zero.eq(last_term),
                                  left.eq(Mux(last_term, f.terms_m1, left - 1)),
                                  last_term.eq(Mux(last_term, f.terms_m1 == 0, left == 1))]
                     with m.If(last_term):
