@@ -57,15 +57,19 @@ def cube_m_bits(m32: Value, log2w: Value, row: Value, col: Value) -> Value:
 
     A CELL row holds 64 (M16) or 32 (M32) bits: ``col // cell_cols`` picks the CELL, the
     row its 64- or 32-bit slice, ``col % cell_cols`` the element in it.  4-bit CUBE_M16
-    rows swap bits 2 and 3 of the in-CELL column (ruling R11).
+    rows swap bits 2 and 3 of the in-CELL column (ruling R11).  The element must fit a
+    CELL row (``log2w`` at most 5).
     """
-    cc_log2 = (Mux(m32, 5, 6) - log2w)[:3]
-    inner = col & ((Value.cast(1) << cc_log2) - 1)[:16]
-    swapped = Mux(~m32 & (log2w == 2),
-                  (inner & 0b10011) | (inner[2] << 3) | (inner[3] << 2), inner)
-    cell = col >> cc_log2
+    # col << log2w is the column's bit offset: its bits above the CELL row's width count
+    # CELLs, the ones below place the element in the row.  One shift, then selects, rather
+    # than a width subtraction before a mask and two shifts (issue #9).
+    bits = col << log2w
+    swap = ~m32 & (log2w == 2)
+    m16_inner = Mux(swap, Cat(bits[0:4], bits[5], bits[4]), bits[0:6])
+    inner = Mux(m32, bits[0:5], m16_inner)
+    cell = Mux(m32, bits[5:], bits[6:])
     row_bits = Mux(m32, row << 5, row << 6)
-    return ((cell << 10) | row_bits | (swapped << log2w))[:BIT_ADDR_WIDTH]
+    return ((cell << 10) | row_bits | inner)[:BIT_ADDR_WIDTH]
 
 
 def n8_column_cells(k_repeat: Value, col: Value) -> Value:

@@ -25,8 +25,9 @@ A0. unpack P, select the multiplier (activation); the bypass results (bit copy, 
     modes, NaN/infinity table, the -0 rule) are finished here;
 A. multiply;
 B. leading-zero count of ``M``, exponent of ``v``, quantum and shift amount;
-C. the sticky right shifter;
-D. rounding, and the S5/S9/S17 intermediate clamp;
+C1, C2. the sticky right shifter (steps of 16..64, then of 1..8);
+D1. rounding, and the count's compares with the S5/S9/S17 and S32 limits;
+D2. the intermediate clamp;
 E. integer sign and offset, floating packers, result select.
 
 ``docs/hdl-postprocess.md`` has the widths and their derivations.
@@ -231,8 +232,9 @@ class ElementConverter(wiring.Component):
     wraps it in an ``EnableInserter``).
     """
 
-    #: Cycles from ``p`` to ``d`` (registers after the input and stages A0, A, B, C and D).
-    latency = 6
+    #: Cycles from ``p`` to ``d`` (registers after the input and stages A0, A, B, C1, C2,
+    #: D1 and D2).
+    latency = 8
 
     def __init__(self, sources, out_kinds, shift: bool):
         self.sources = frozenset(SrcKind(s) for s in sources)
@@ -256,7 +258,8 @@ class ElementConverter(wiring.Component):
         m = Module()
         # One sub-module per stage: pysim then re-evaluates only the stage a change reaches.
         stages = {name: Module() for name in ("input", "unpack", "multiply", "normalize",
-                                              "shift", "round", "encode")}
+                                              "shift", "shift_fine", "round", "clamp",
+                                              "encode")}
         for name, stage in stages.items():
             m.submodules[name] = stage
         # The element and the controls enter through registers: neither the source's
@@ -269,8 +272,8 @@ class ElementConverter(wiring.Component):
         s0 = self._unpack(stages["unpack"], ctl, s_in)
         s1 = self._multiply(stages["multiply"], s0)
         s2 = self._normalize(stages["normalize"], ctl, s1)
-        s3 = self._shift(stages["shift"], s2)
-        s4 = self._round(stages["round"], ctl, s3)
+        s3 = self._shift(stages["shift"], stages["shift_fine"], s2)
+        s4 = self._round(stages["round"], stages["clamp"], ctl, s3)
         self._encode(stages["encode"], ctl, s4)
         return m
 
@@ -301,14 +304,21 @@ class ElementConverter(wiring.Component):
         # Activation picks the multiplier before the single conversion: alpha (or 0 for
         # ReLU) replaces the scale for negative inputs.
         scale19, alpha19 = quant[13:32], s["alpha"]
-        mult = Signal(19)
-        m.d.comb += mult.eq(scale19)
-        with m.If(negative & (ctl.relu != 0)):
-            m.d.comb += mult.eq(Mux(ctl.relu == 1, 0, alpha19))
-        m_exp, m_frac = mult[10:18], mult[0:10]
-        m_sig = Cat(m_frac, m_exp != 0)
-        mult_zero = _wire(m, "mult_zero", m_sig == 0)
-        exponent = _wire(m, "exponent", src_exp + _at_least_1(m_exp) - 137)
+        # Both candidates' significand, zero test and exponent term are formed beside the
+        # choice, which then selects among finished values (issue #9); ReLU's multiplier 0
+        # has significand 0 and exponent term 1 - 137.
+        candidates = []
+        for word in (scale19, alpha19):
+            sig = Cat(word[0:10], word[10:18] != 0)
+            candidates.append((sig, sig == 0, _at_least_1(word[10:18]) - 137))
+        (s_sig, s_zero, s_exp), (a_sig, a_zero, a_exp) = candidates
+        activated = negative & (ctl.relu != 0)
+        use_zero = activated & (ctl.relu == 1)
+        use_alpha = activated & (ctl.relu != 1)
+        m_sig = Mux(use_zero, 0, Mux(use_alpha, a_sig, s_sig))
+        mult_zero = _wire(m, "mult_zero", use_zero | Mux(use_alpha, a_zero, s_zero))
+        exponent = _wire(m, "exponent", src_exp + Mux(use_zero, 1 - 137,
+                                                      Mux(use_alpha, a_exp, s_exp)))
 
         offset = Signal(signed(17))
         for kind, width in INTERMEDIATE_WIDTH.items():
@@ -395,8 +405,6 @@ class ElementConverter(wiring.Component):
         product, exponent = s["product"], s["exponent"]
         zero = _wire(m, "zero", product == 0)
         lead = _wire(m, "lead", 42 - count_leading_zeros(m, product, "pclz"))
-        # Trailing zeros give stage C its sticky bit without an OR after every shift step.
-        trail = _wire(m, "trail", count_leading_zeros(m, product[::-1], "pctz"))
         # Exponent of v's leading one (meaningless when zero).
         e_v = _wire(m, "e_v", (exponent + lead).as_signed())
         quantum = Signal(signed(11))               # integers: q = 0
@@ -428,38 +436,55 @@ class ElementConverter(wiring.Component):
         amount = _wire(m, "amount", (32 + quantum - exponent).as_signed())
         clamped = _wire(m, "clamped", Mux(amount < 0, 0, Mux(amount > 127, 127, amount))[0:7])
         return pipeline_boundary(m, True, "b", product=product, amount=clamped,
-                                 lead=lead, trail=trail, zero=zero, e_v=e_v, sign=s["sign"],
+                                 zero=zero, e_v=e_v, sign=s["sign"],
                                  offset=s["offset"], bypass=s["bypass"], bypass_raw=s["bypass_raw"],
                                  bypass_flags=s["bypass_flags"], **extra)
 
     # --- stage C ------------------------------------------------------------------------
 
-    def _shift(self, m, s):
+    def _shift(self, m, fine, s):
         # word = M * 2**32, with two more bits below for the guard and the last sticky bit.
         word = Cat(Const(0, 34), s["product"])
         # Sticky is the OR of the word's bits 0..amount (those shifted out and the last
-        # bit): set when its lowest one, at 34 + trailing zeros of M, is among them.
-        sticky = _wire(m, "sticky", ~s["zero"] & (s["amount"] >= s["trail"] + 34))
-        for k in range(7):
+        # bit): M's bit i is word bit 34 + i.  The bits of n from 33 up (``big``: beyond
+        # every integer range) are word bits from 35 + amount up, M's bits above amount.
+        # Both are ORs of M's bits under per-bit compares of the amount with constants
+        # beside the shifter, not a count of M's trailing or leading zeros before it
+        # (issue #9).
+        product, amount = s["product"], s["amount"]
+        sticky = _wire(m, "sticky", Cat(*(product[i] & (amount >= i + 34)
+                                          for i in range(len(product)))).any())
+        big = _wire(m, "big", Cat(*(product[i] & (amount < i)
+                                    for i in range(len(product)))).any())
+        # The shifter is two stages (C1: the steps of 16, 32 and 64; C2: 1 to 8), so that
+        # neither is seven multiplexers deep (issue #9).
+        for k in range(4, 7):
             step = 1 << k
             word = _wire(m, f"word{k}", Mux(s["amount"][k], word[step:], word))
-        n = word[2:]
-        # Integers need the low 33 bits and whether any bit above is set (the value is then
-        # beyond every integer range): M's leading one, at 34 + lead in the word, lands at
-        # n's bit lead - amount.  Floating counts have at most 25 bits.
-        count, guard = n[:33], word[1]
-        big = _wire(m, "big", s["lead"] > s["amount"])
+        # Integers need the low 33 bits and ``big``; floating counts have at most 25 bits.
         passed = {key: s[key] for key in ("zero", "e_v", "sign", "offset", "bypass",
                                           "bypass_raw", "bypass_flags", "hif8_bits") if key in s}
-        return pipeline_boundary(m, True, "c", count=count, big=big, guard=guard,
-                                 sticky=sticky, **passed)
+        # The fine steps shift the word right by at most 15: its bits above 35 + 15 reach
+        # n's bits above 33 only, which no encoder reads.
+        c1 = pipeline_boundary(m, True, "c1", word=word[:35 + 15], fine=s["amount"][:4],
+                               big=big, sticky=sticky, **passed)
+        word = c1["word"]
+        for k in range(4):
+            step = 1 << k
+            word = _wire(fine, f"word{k}", Mux(c1["fine"][k], word[step:], word))
+        n = word[2:]
+        count, guard = n[:33], word[1]
+        passed = {key: c1[key] for key in passed}
+        return pipeline_boundary(fine, True, "c", count=count, big=c1["big"], guard=guard,
+                                 sticky=c1["sticky"], **passed)
 
     # --- stage D ------------------------------------------------------------------------
 
-    def _round(self, m, ctl, s):
+    def _round(self, m, clamp_stage, ctl, s):
         # Rounding is a 34-bit carry chain and the intermediate clamp a compare on its
         # result; the sign, offset and packers after them are stage E's (decision 13 of
-        # docs/decisions/hdl-postprocess.md).
+        # docs/decisions/hdl-postprocess.md).  D1 rounds and compares the count with the
+        # limits, D2 decides the clamp from those registers (issue #9).
         n, guard, sticky, sign = s["count"], s["guard"], s["sticky"], s["sign"]
         inexact = _wire(m, "inexact", guard | sticky)
         # The count's parity is the truncated code's for every encoder that meets a
@@ -467,15 +492,10 @@ class ElementConverter(wiring.Component):
         up = round_up(m, ctl.rounding, sign, n[0], guard, sticky)
         rounded = _wire(m, "rounded", n + up)              # 34 bits
 
-        def beyond(gt, eq, below):
-            # rounded > (sign ? limit : limit - 1) from n's compares with the limit (``gt``,
-            # ``eq``) and limit - 1 (``below``), beside the rounding add: n + up > T when
-            # n > T, or n = T and up.
-            return s["big"] | Mux(sign, gt | (eq & up), gt | eq | (below & up))
-
-        extra = {}
+        compares = {}
         if self._has(OutKind.S32):
-            extra["s32_over"] = beyond(n > (1 << 31), n == (1 << 31), n == (1 << 31) - 1)
+            compares.update(s32_gt=n > (1 << 31), s32_eq=n == (1 << 31),
+                            s32_below=n == (1 << 31) - 1)
         if self._has(*INTERMEDIATE_WIDTH):
             limit = Signal(18, name="mid_limit")            # 2**(w-1)
             gt, eq, below = Signal(name="mid_gt"), Signal(name="mid_eq"), Signal(name="mid_below")
@@ -485,14 +505,33 @@ class ElementConverter(wiring.Component):
                         top = 1 << (width - 1)
                         m.d.comb += [limit.eq(top), gt.eq(n > top), eq.eq(n == top),
                                      below.eq(n == top - 1)]
-            clamp = _wire(m, "mid_clamp", beyond(gt, eq, below))
-            extra["mid_clamp"] = clamp
-            extra["mid_magnitude"] = Mux(clamp, Mux(sign, limit, limit - 1), rounded[0:18])
+            compares.update(mid_limit=limit, mid_gt=gt, mid_eq=eq, mid_below=below)
         passed = {key: s[key] for key in ("count", "zero", "e_v", "sign", "offset", "bypass",
                                           "bypass_raw", "bypass_flags", "hif8_bits")
                   if key in s}
-        return pipeline_boundary(m, True, "d", rounded=rounded, inexact=inexact, **passed,
-                                 **extra)
+        d1 = pipeline_boundary(m, True, "d1", rounded=rounded, inexact=inexact, up=up,
+                               big=s["big"], **compares, **passed)
+        sign, up = d1["sign"], d1["up"]
+
+        def beyond(gt, eq, below):
+            # rounded > (sign ? limit : limit - 1) from n's compares with the limit (``gt``,
+            # ``eq``) and limit - 1 (``below``), beside the rounding add: n + up > T when
+            # n > T, or n = T and up.
+            return d1["big"] | Mux(sign, gt | (eq & up), gt | eq | (below & up))
+
+        extra = {}
+        if self._has(OutKind.S32):
+            extra["s32_over"] = beyond(d1["s32_gt"], d1["s32_eq"], d1["s32_below"])
+        if self._has(*INTERMEDIATE_WIDTH):
+            clamp = _wire(clamp_stage, "mid_clamp",
+                          beyond(d1["mid_gt"], d1["mid_eq"], d1["mid_below"]))
+            limit = d1["mid_limit"]
+            extra["mid_clamp"] = clamp
+            extra["mid_magnitude"] = Mux(clamp, Mux(sign, limit, limit - 1),
+                                         d1["rounded"][0:18])
+        passed = {key: d1[key] for key in passed}
+        return pipeline_boundary(clamp_stage, True, "d", rounded=d1["rounded"],
+                                 inexact=d1["inexact"], **passed, **extra)
 
     # --- stage E ------------------------------------------------------------------------
 

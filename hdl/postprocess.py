@@ -165,8 +165,9 @@ class PostProcess(wiring.Component):
         preflight rejects such operations before they start).
     """
 
-    #: Cycles from an accepted beat to its ``d_out`` beat (without stalls).
-    latency = ElementConverter.latency + 1
+    #: Cycles from an accepted beat to its ``d_out`` beat (without stalls): the input
+    #: register, the converter and the output register.
+    latency = ElementConverter.latency + 2
 
     def __init__(self, config: CubeConfig = CubeConfig()):
         if not isinstance(config, CubeConfig):
@@ -205,7 +206,7 @@ class PostProcess(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         plan, beat = self.plan, self.acc_in.payload
-        ctl, quant_source, plan_ok = self._decode_plan(m)
+        ctl, quant_source, plan_ok, bit_copy = self._decode_plan(m)
 
         # Row and group position of the beat on offer.
         row_first = Signal(init=1)
@@ -224,34 +225,48 @@ class PostProcess(wiring.Component):
             m.d.sync += [row_first.eq(beat.last),
                          group_col.eq(Mux(group_last, 0, group_col + 1))]
 
-        quant = Signal(64)
-        with m.Switch(quant_source):
-            with m.Case(_PARAM_CODE[ParamKind.VECTOR]):
-                m.d.comb += quant.eq(beat.quant)
-            with m.Case(_PARAM_CODE[ParamKind.SCALAR]):
-                m.d.comb += quant.eq(plan.quant_scalar)
-            with m.Default():
-                m.d.comb += quant.eq(_UNIT_SCALE_WORD)
-        alpha = Mux(plan.relu_mode == 3, beat.alpha[0:19], plan.alpha_scalar[0:19])
-
         # The pipeline: every register in it moves together when ``advance`` is high.
         out_valid = Signal()
         advance = ~out_valid | self.d_out.ready
         pipe = Module()
         m.submodules.pipe = EnableInserter(advance)(pipe)
+        # The beat and the decoded plan enter through a register: the mode table's decode
+        # reaches neither the parameter select nor the converter's input (issue #9).  The
+        # plan may still be set with the first beat: it is decoded in the cycle the beat is
+        # taken.
+        take = pipeline_boundary(pipe, True, "take", valid=self.acc_in.valid, p=beat.p,
+                                 last=beat.last, quant=beat.quant, alpha=beat.alpha,
+                                 rowmax_in=beat.rowmax_in, row_first=row_first,
+                                 group_first=group_first, group_last=group_last, ctl=ctl,
+                                 quant_source=quant_source, plan_ok=plan_ok,
+                                 bit_copy=bit_copy)
+        # The bit copy needs the whole decode: its two terms are registered and joined here.
+        ctl = Signal(ConvControl())
+        m.d.comb += [ctl.eq(take["ctl"]), ctl.copy.eq(~take["plan_ok"] | take["bit_copy"])]
+        quant = Signal(64)
+        with m.Switch(take["quant_source"]):
+            with m.Case(_PARAM_CODE[ParamKind.VECTOR]):
+                m.d.comb += quant.eq(take["quant"])
+            with m.Case(_PARAM_CODE[ParamKind.SCALAR]):
+                m.d.comb += quant.eq(plan.quant_scalar)
+            with m.Default():
+                m.d.comb += quant.eq(_UNIT_SCALE_WORD)
+        alpha = Mux(ctl.relu == 3, take["alpha"][0:19], plan.alpha_scalar[0:19])
+
         pipe.submodules.convert = conv = ElementConverter(self.sources, self.out_kinds,
                                                           self.shift)
-        pipe.d.comb += [conv.ctl.eq(ctl), conv.p.eq(beat.p), conv.quant.eq(quant),
+        pipe.d.comb += [conv.ctl.eq(ctl), conv.p.eq(take["p"]), conv.quant.eq(quant),
                         conv.alpha.eq(alpha)]
         reducers = {}
         for name, first, last, seed_en in (
-                ("row", row_first, beat.last, plan.row_max_en & plan.row_max_init),
-                ("group", group_first, group_last, 0)):
+                ("row", take["row_first"], take["last"],
+                 plan.row_max_en & plan.row_max_init),
+                ("group", take["group_first"], take["group_last"], 0)):
             pipe.submodules[f"{name}_max"] = red = MaxReduce(self.sources)
             pipe.d.comb += [red.src.eq(ctl.src), red.max_abs.eq(plan.max_abs_en),
-                            red.valid.eq(self.acc_in.valid), red.value.eq(beat.p),
-                            red.first.eq(first), red.last.eq(last), red.seed.eq(beat.rowmax_in),
-                            red.seed_en.eq(seed_en)]
+                            red.valid.eq(take["valid"]), red.value.eq(take["p"]),
+                            red.first.eq(first), red.last.eq(last),
+                            red.seed.eq(take["rowmax_in"]), red.seed_en.eq(seed_en)]
             reducers[name] = red
         # The converter is the deeper pipeline: the reductions' results wait for its D.
         folded = {}
@@ -260,7 +275,7 @@ class PostProcess(wiring.Component):
             for k in range(conv.latency - red.latency):
                 stage = pipeline_boundary(pipe, True, f"{name}_wait{k + 1}", **stage)
             folded[name] = stage
-        marks = {"valid": self.acc_in.valid, "last": beat.last, "group_last": group_last}
+        marks = {"valid": take["valid"], "last": take["last"], "group_last": take["group_last"]}
         stages = [marks]
         for k in range(conv.latency):
             stages.append(pipeline_boundary(pipe, True, f"mark{k + 1}", **stages[-1]))
@@ -281,7 +296,7 @@ class PostProcess(wiring.Component):
         ]
         m.d.comb += [self.d_out.valid.eq(out_valid), self.d_out.payload.eq(out),
                      self.acc_in.ready.eq(advance), self.plan_ok.eq(plan_ok),
-                     self.busy.eq(out_valid | Cat(*(st["valid"] for st in stages[1:])).any())]
+                     self.busy.eq(out_valid | Cat(*(st["valid"] for st in stages)).any())]
 
         delivered = self.d_out.valid & self.d_out.ready
         m.d.sync += self.flags.eq(Mux(self.clear, 0, self.flags)
@@ -289,7 +304,8 @@ class PostProcess(wiring.Component):
         return m
 
     def _decode_plan(self, m):
-        """Controls of the converter from the plan, through the model's mode table."""
+        """Controls of the converter from the plan, through the model's mode table; the
+        bit copy (``ctl.copy``, left 0) is ``~plan_ok | bit_copy``, both returned."""
         plan = self.plan
         ctl = Signal(ConvControl())
         quant_source = Signal(2)                        # a _PARAM_CODE value
@@ -321,9 +337,8 @@ class PostProcess(wiring.Component):
         plan_ok = mode_ok & acc_ok & (plan.group_n_code <= max(_GROUP_N))
         bit_copy = (plan.pre_quant_mode == 0) & ((plan.relu_mode == 0)
                                                  | (ctl.src == SrcKind.U32))
-        m.d.comb += [ctl.copy.eq(~plan_ok | bit_copy), ctl.relu.eq(plan.relu_mode),
-                     ctl.sat.eq(plan.sat)]
-        return ctl, quant_source, plan_ok
+        m.d.comb += [ctl.relu.eq(plan.relu_mode), ctl.sat.eq(plan.sat)]
+        return ctl, quant_source, plan_ok, bit_copy
 
 
 

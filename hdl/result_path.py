@@ -96,6 +96,7 @@ class ResultPath(wiring.Component):
         # write port.
         pre_region = Signal(2)
         pre_left = Signal(16)
+        pre_more = Signal()                        # pre_left != 0, kept beside it
         pre_addr = Signal(aw)
         pre_done = Signal()
         later_words = [Signal(16, name=f"pre_words{k}") for k in (1, 2)]
@@ -107,18 +108,20 @@ class ResultPath(wiring.Component):
             m.d.sync += [words.eq(Mux(enable, ((run.m << info.log2p) + 1) >> 1, 0)),
                          base.eq(info.base << 4)]
         m.d.comb += pre_done.eq(pre_region == 3)
-        pre_valid = running & ~pre_done & (pre_left != 0)
+        pre_valid = running & ~pre_done & pre_more
         pre_taken = Signal()
         with m.If(running & ~pre_done):
-            with m.If(pre_left == 0):
+            with m.If(~pre_more):
                 m.d.sync += pre_region.eq(pre_region + 1)
                 with m.Switch(pre_region):
                     for k in (0, 1):
                         with m.Case(k):
                             m.d.sync += [pre_left.eq(later_words[k]),
+                                         pre_more.eq(later_words[k] != 0),
                                          pre_addr.eq(later_base[k])]
             with m.Elif(pre_taken):
-                m.d.sync += [pre_left.eq(pre_left - 1), pre_addr.eq(pre_addr + 1)]
+                m.d.sync += [pre_left.eq(pre_left - 1), pre_more.eq(pre_left != 1),
+                             pre_addr.eq(pre_addr + 1)]
 
         # ------------------------------------------------------------------
         # Intake: drop the empty row sets, keep rows of real blocks below M
@@ -200,10 +203,12 @@ class ResultPath(wiring.Component):
             m.d.sync += [held_valid.eq(1), held_data.eq(self.drain.payload.data),
                          held_bank.eq(d_row), held_row.eq(slot_row0[d_slot] + d_row),
                          held_col0.eq(slot_col0[d_slot])]
+        load_last = Signal()
+        m.d.comb += load_last.eq(held_col0 + 1 == run.n)
         with m.If(load):
             m.d.sync += [buf.eq(held_data), buf_bank.eq(held_bank), buf_row.eq(held_row),
                          ser_j.eq(0), gj.eq(held_col0), elt.eq(held_col0 < run.n),
-                         row_last.eq(held_col0 + 1 == run.n), col_first.eq(held_col0 == 0),
+                         row_last.eq(load_last), col_first.eq(held_col0 == 0),
                          q_addr.eq((run.quant.base << 4) + held_col0),
                          a_addr.eq((run.alpha.base << 4) + held_col0)]
 
@@ -268,7 +273,13 @@ class ResultPath(wiring.Component):
         group_end = Signal(9)
         m.d.sync += group_end.eq(plan.group_n - 1)
         group_last = row_last | group_hit
-        reduces = (plan.row_max & row_last) | (plan.group_max & group_last)
+        # Whether the element on offer closes a row or group whose result is written, in a
+        # register set with ``row_last`` and ``group_hit``: the element handshake's
+        # hold-back test is then a gate on flip-flops (issue #9).
+        reduces = Signal()
+
+        def closing(last, hit):
+            return (plan.row_max & last) | (plan.group_max & (last | hit))
 
         # The reductions (one fold state per output row) and their delay line.
         src = Signal(SrcKind)
@@ -285,11 +296,15 @@ class ResultPath(wiring.Component):
         line = [Signal(data.StructLayout({"valid": 1, "row": 16,
                                           "group": 16, "row_last": 1, "group_last": 1}),
                        name=f"red_line{t}") for t in range(1 + reductions["row"].latency)]
-        red_busy = Cat(*(st.valid & (st.row_last | st.group_last) for st in line)).any()
-
         row_hold_valid = Signal()
         group_hold_valid = Signal()
-        red_busy = red_busy | row_hold_valid | group_hold_valid
+        # A reduction is pending (in the line or a hold) in a register: it is loaded with
+        # every source of this cycle's pending state and of the next one (the line steps into
+        # the holds, a closing element into the line), so it is high whenever one is pending
+        # and at most a cycle longer; the element handshake then reads a flip-flop (issue #9).
+        red_busy = Signal()
+        red_pending = Cat(*(st.valid & (st.row_last | st.group_last) for st in line)).any() \
+            | row_hold_valid | group_hold_valid
 
         m.submodules.coords = coords = fifo.SyncFIFOBuffered(width=row_bits + 32, depth=8)
         push = Signal()
@@ -301,15 +316,19 @@ class ResultPath(wiring.Component):
             post.acc_in.payload.quant.eq(q_word), post.acc_in.payload.alpha.eq(a_word),
             coords.w_en.eq(push), coords.w_data.eq(Cat(buf_bank, gi, gj)),
         ]
+        m.d.sync += red_busy.eq(red_pending | (push & reduces))
         next_gcol = Mux(group_last, 0, cur_gcol + 1)[:8]
         next_gidx = Mux(group_last, cur_gidx + 1, cur_gidx)[:16]
+        next_last = Signal()
+        next_hit = Signal()
+        m.d.comb += [next_last.eq(gj + 2 == run.n), next_hit.eq(next_gcol == group_end)]
         with m.If(push):
             m.d.sync += [ser_j.eq(ser_j + 1), gj.eq(gj + 1), col_first.eq(0),
                          elt.eq((ser_j + 1 < cols) & (gj + 1 < run.n)),
-                         row_last.eq(gj + 2 == run.n),
+                         row_last.eq(next_last),
                          q_addr.eq(q_addr + 1), a_addr.eq(a_addr + 1),
                          cur_gcol.eq(next_gcol), cur_gidx.eq(next_gidx),
-                         group_hit.eq(next_gcol == group_end)]
+                         group_hit.eq(next_hit), reduces.eq(closing(next_last, next_hit))]
         position = Cat(cur_gcol, cur_gidx, group_hit)
         write_back = buf_valid & ~elt
         with m.If(write_back):
@@ -323,14 +342,15 @@ class ResultPath(wiring.Component):
         m.d.sync += [look.eq(Cat(gcol[new_row], gidx[new_row], ghit[new_row])),
                      written_valid.eq(write_back), written_row.eq(row_index),
                      written.eq(position)]
+        first_piece = Cat(Const(0, len(cur_gcol) + len(cur_gidx)), group_end == 0)
+        loaded = Signal(len(position))
+        m.d.comb += loaded.eq(Mux(held_col0 == 0, first_piece,
+                                  Mux(write_back & (row_index == new_row), position,
+                                      Mux(written_valid & (written_row == new_row), written,
+                                          look))))
         with m.If(load):
-            first_piece = Cat(Const(0, len(cur_gcol) + len(cur_gidx)), group_end == 0)
-            m.d.sync += [
-                buf_valid.eq(1),
-                position.eq(Mux(held_col0 == 0, first_piece,
-                                Mux(write_back & (row_index == new_row), position,
-                                    Mux(written_valid & (written_row == new_row), written,
-                                        look))))]
+            m.d.sync += [buf_valid.eq(1), position.eq(loaded),
+                         reduces.eq(closing(load_last, loaded[-1]))]
 
         red_in = Signal(data.StructLayout({"valid": 1, "index": len(row_index), "value": 32,
                                            "seed": 32, "row_first": 1, "row_last": 1,
@@ -360,15 +380,19 @@ class ResultPath(wiring.Component):
 
         # Reduction outputs wait in one register each (the serializer holds back an element
         # that closes a row or group while one is pending).
+        # Their bit addresses are registered from the line's stage before last (the line
+        # steps every cycle), so that only the word adder is in front of the hold.
         holds = []
+        ahead = line[-2]
         for kind, fire, info, column, result, hold_valid in (
                 ("rowmax", out.valid & out.row_last, run.row_max, 0, row_result,
                  row_hold_valid),
-                ("groupmax", out.valid & out.group_last, run.group_max, out.group,
+                ("groupmax", out.valid & out.group_last, run.group_max, ahead.group,
                  group_result, group_hold_valid)):
             hold = Signal(MemWriteLayout(cfg), name=f"{kind}_hold")
-            addr, off = word_and_offset(info.base, row_major_bits(5, info.log2p, out.row,
-                                                                   column), aw)
+            bits = Signal(BIT_ADDR_WIDTH, name=f"{kind}_bits")
+            m.d.sync += bits.eq(row_major_bits(5, info.log2p, ahead.row, column))
+            addr, off = word_and_offset(info.base, bits, aw)
             with m.If(fire):
                 m.d.sync += [hold_valid.eq(1), hold.space.eq(run.space), hold.addr.eq(addr),
                              hold.data.eq(result << off), hold.mask.eq(0xF << (off >> 3))]
@@ -394,6 +418,12 @@ class ResultPath(wiring.Component):
         e_data = Signal(32)
         e_row_end = Signal()
         e_addr, e_off = word_and_offset(run.d.base, e_bits, aw)
+        # D's layout and element width in the writer's own registers (still for the whole
+        # run, whose first element comes long after the start): the bit address and the
+        # element's mask start here, not at the run context's fan-out.
+        d_m32 = Signal()
+        d_log2w = Signal(3)
+        m.d.sync += [d_m32.eq(run.m32), d_log2w.eq(run.d_log2w)]
         # The writer works on a register of the element's word, bits and mask.
         d_valid = Signal()
         d_bank = Signal(row_bits)
@@ -417,39 +447,41 @@ class ResultPath(wiring.Component):
         cur = Cat(cur_valid, cur_addr, cur_data, cur_mask)
         wr_d = Signal(MemWriteLayout(cfg))
         wr_d_valid = Signal()
-        conflict = cur_valid & (cur_addr != d_addr)
-        merged_data = Mux(cur_valid, cur_data, 0) | d_ins
-        merged_mask = Mux(cur_valid, cur_mask, 0) | d_mask
-        # The bank's open word once the element is placed.
-        placed = Signal(len(cur))
-        with m.If(conflict):
-            m.d.comb += placed.eq(Cat(~d_row_end, d_addr, d_ins, d_mask))
-        with m.Elif(d_row_end):
-            m.d.comb += placed.eq(Cat(0, cur_addr, cur_data, cur_mask))
-        with m.Else():
-            m.d.comb += placed.eq(Cat(1, d_addr, merged_data, merged_mask))
+        same = cur_valid & (cur_addr == d_addr)
+        conflict = cur_valid & ~same
+        # The element's word: the open word with the element merged in when it is the same
+        # word, else the element alone.
+        merged_data = Mux(same, cur_data, 0) | d_ins
+        merged_mask = Mux(same, cur_mask, 0) | d_mask
+        # The bank's open word once the element is placed: none once its row ends (an open
+        # word's contents count only while it is valid).
+        placed = Cat(~d_row_end, d_addr, merged_data, merged_mask)
         # The D write register frees in the cycle its word is written, and an element that
         # finds another word open writes that word and opens its own in the same cycle (a
-        # bank's rows alternate words with every block column); only an element that also
-        # ends its row waits a cycle (two words to write).
+        # bank's rows alternate words with every block column).  An element that also ends
+        # its row has two words to write: its own goes into a second register (``wr_d2``),
+        # which the next element waits for.  Whether an element advances is thus known from
+        # registers: the address compare reaches only the words, not the stages' enables
+        # nor the FIFO reads (issue #9).
+        wr_d2 = Signal(MemWriteLayout(cfg))
+        wr_d2_valid = Signal()
         d_taken = Signal()
-        d_free = ~wr_d_valid | d_taken
+        d_free = ~wr_d2_valid & (~wr_d_valid | d_taken)
         d_here = d_valid & d_free
-        d_used = d_here & ~(conflict & d_row_end)
-        d_load = e_valid & (~d_valid | d_used)
+        d_load = e_valid & (~d_valid | d_here)
         e_load = coords.r_rdy & dq.r_rdy & (~e_valid | d_load)
         m.d.comb += [coords.r_en.eq(e_load), dq.r_en.eq(e_load)]
         with m.If(d_load):
             m.d.sync += e_valid.eq(0)
         with m.If(e_load):
             m.d.sync += [e_valid.eq(1), e_bank.eq(c_bank),
-                         e_bits.eq(cube_m_bits(run.m32, run.d_log2w, c_row, c_col)),
-                         e_data.eq(extract(dq.r_data, 0, run.d_log2w, 32)),
+                         e_bits.eq(cube_m_bits(d_m32, d_log2w, c_row, c_col)),
+                         e_data.eq(extract(dq.r_data, 0, d_log2w, 32)),
                          e_row_end.eq(c_col + 1 == run.n)]
         with m.If(d_load):
             m.d.sync += [d_valid.eq(1), d_bank.eq(e_bank), d_addr.eq(e_addr),
                          d_ins.eq((e_data << e_off)[:64]),
-                         d_mask.eq(byte_mask(run.d_log2w, e_off)), d_row_end.eq(e_row_end)]
+                         d_mask.eq(byte_mask(d_log2w, e_off)), d_row_end.eq(e_row_end)]
             with m.If(d_here & (d_bank == e_bank)):
                 m.d.sync += cur.eq(placed)
             with m.Else():
@@ -458,39 +490,51 @@ class ResultPath(wiring.Component):
                         m.d.sync += cur.eq(Cat(*asm[b]))
         with m.Elif(d_here):
             m.d.sync += cur.eq(placed)
-        with m.If(d_used & ~d_load):
+        with m.If(d_here & ~d_load):
             m.d.sync += d_valid.eq(0)
         with m.If(d_taken):
-            m.d.sync += wr_d_valid.eq(0)
+            m.d.sync += wr_d_valid.eq(wr_d2_valid)
+            with m.If(wr_d2_valid):
+                m.d.sync += [wr_d.eq(wr_d2), wr_d2_valid.eq(0)]
         for b in range(rows):
             with m.If(d_here & (d_bank == b)):
                 m.d.sync += Cat(*asm[b]).eq(placed)
-        with m.If(d_here & conflict):
-            m.d.sync += [wr_d_valid.eq(1), wr_d.space.eq(run.space), wr_d.addr.eq(cur_addr),
-                         wr_d.data.eq(cur_data), wr_d.mask.eq(cur_mask)]
-        with m.Elif(d_here & d_row_end):
-            m.d.sync += [wr_d_valid.eq(1), wr_d.space.eq(run.space), wr_d.addr.eq(d_addr),
-                         wr_d.data.eq(merged_data), wr_d.mask.eq(merged_mask)]
+        # Both write registers are free at the next edge when an element is placed, so they
+        # load with every element (enables from registers); the compare picks only what is
+        # valid and what the first one holds: the open word that the element leaves, or the
+        # element's word that ends its row.
+        with m.If(d_here):
+            m.d.sync += [wr_d_valid.eq(conflict | d_row_end), wr_d.space.eq(run.space),
+                         wr_d.addr.eq(Mux(conflict, cur_addr, d_addr)),
+                         wr_d.data.eq(Mux(conflict, cur_data, merged_data)),
+                         wr_d.mask.eq(Mux(conflict, cur_mask, merged_mask)),
+                         wr_d2_valid.eq(conflict & d_row_end), wr_d2.space.eq(run.space),
+                         wr_d2.addr.eq(d_addr), wr_d2.data.eq(d_ins), wr_d2.mask.eq(d_mask)]
 
         # ------------------------------------------------------------------
         # Write port: reductions, D, prefill (the prefill ends before any data exists)
         # ------------------------------------------------------------------
+        # The port is a register: the store's write address, data and enables start from
+        # flip-flops, not from this priority choice (issue #9).  A write leaves a cycle later
+        # at the same rate and in the same order.
         (row_hold, _), (group_hold, _) = holds
         wr = self.wr
-        with m.If(row_hold_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.eq(row_hold)]
-            with m.If(wr.ready):
-                m.d.sync += row_hold_valid.eq(0)
-        with m.Elif(group_hold_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.eq(group_hold)]
-            with m.If(wr.ready):
-                m.d.sync += group_hold_valid.eq(0)
-        with m.Elif(wr_d_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.eq(wr_d), d_taken.eq(wr.ready)]
-        with m.Elif(pre_valid):
-            m.d.comb += [wr.valid.eq(1), wr.payload.space.eq(run.space),
-                         wr.payload.addr.eq(pre_addr), wr.payload.data.eq(0),
-                         wr.payload.mask.eq(0xFF), pre_taken.eq(wr.ready)]
+        with m.If(wr.ready):
+            m.d.sync += wr.valid.eq(0)
+        with m.If(~wr.valid | wr.ready):
+            with m.If(row_hold_valid):
+                m.d.sync += [wr.valid.eq(1), wr.payload.eq(row_hold), row_hold_valid.eq(0)]
+            with m.Elif(group_hold_valid):
+                m.d.sync += [wr.valid.eq(1), wr.payload.eq(group_hold),
+                             group_hold_valid.eq(0)]
+            with m.Elif(wr_d_valid):
+                m.d.sync += [wr.valid.eq(1), wr.payload.eq(wr_d)]
+                m.d.comb += d_taken.eq(1)
+            with m.Elif(pre_valid):
+                m.d.sync += [wr.valid.eq(1), wr.payload.space.eq(run.space),
+                             wr.payload.addr.eq(pre_addr), wr.payload.data.eq(0),
+                             wr.payload.mask.eq(0xFF)]
+                m.d.comb += pre_taken.eq(1)
 
         # Flags: conversions (PostProcess) and reduction steps.
         red_sticky = Signal(5)
@@ -502,14 +546,15 @@ class ResultPath(wiring.Component):
         # ------------------------------------------------------------------
         idle_inside = ~held_valid & ~buf_valid & ~post.busy & ~post.d_out.valid \
             & ~coords.r_rdy & ~e_valid & ~d_valid & ~Cat(*(st.valid for st in line)).any() \
-            & ~row_hold_valid & ~group_hold_valid & ~wr_d_valid & pre_done
+            & ~row_hold_valid & ~group_hold_valid & ~wr_d_valid & ~wr_d2_valid & ~wr.valid \
+            & pre_done
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
                     m.d.sync += [junk.eq(Mux(self.fresh, 1, 2)), pre_region.eq(0),
-                                 pre_left.eq(run.d_cells << 4),
+                                 pre_left.eq(run.d_cells << 4), pre_more.eq(run.d_cells != 0),
                                  pre_addr.eq(run.d.base << 4), running.eq(1)]
                     m.next = "RUN"
             with m.State("RUN"):
