@@ -28,8 +28,9 @@ Storage (``docs/hdl-top.md`` has the figures):
 
 Every memory (payloads, flags, the three register files, the GPRs) has one synchronous read
 port, shared by the agents, so that it maps to block RAM (decision T11).  ``word_rd`` takes
-the register's base from the Local file's read register: a word read must follow a
-``tile_rd`` or ``word_rd`` of the same register in the previous cycle.
+the register's base from a LUT-RAM copy of the Local bases, looked up with the read of the
+same register that must come in the previous cycle (``tile_rd`` or ``word_rd``, decisions
+T11, T26).
 
 Port priority (decision T3): the engines (CUBE, then TIMG2COL) before the preflight before
 the sequencer (host commands, placement, publication).  In normal operation they are never
@@ -203,6 +204,27 @@ class _ElementSource(NamedTuple):
     dst_base: Signal    # the base CELL of its placed output
 
 
+class _ReadRequest(NamedTuple):
+    """A read of one of a set of memories (decision T26): ``sel`` chooses the memory
+    (one-hot), ``addr`` is its address while ``valid``, and it reads when ``go``."""
+    valid: Value
+    go: Value
+    sel: Value
+    addr: Value
+
+
+def _issue_reads(m, ports, requests):
+    """Drive the read ports ``ports`` from ``requests`` (:class:`_ReadRequest`), lowest
+    priority first: a memory's address is that of the last valid request that selects it,
+    and it reads when a request that selects it goes.  Requests that select the same
+    memory are never valid together (decision T3)."""
+    for s, port in enumerate(ports):
+        for request in requests:
+            with m.If(request.valid & request.sel[s]):
+                m.d.comb += port.addr.eq(request.addr)
+        m.d.comb += port.en.eq(Cat(*(r.go & r.sel[s] for r in requests)).any())
+
+
 def _one_hot_select(one_hot, values):
     """``values[i]`` for the set bit ``i`` of ``one_hot`` (an AND-OR, no decoder)."""
     return functools.reduce(operator.or_, (Mux(one_hot[i], v, 0) for i, v in enumerate(values)))
@@ -229,13 +251,14 @@ class TileStore(wiring.Component):
     -------
     tile_rd, shared_rd, word_rd, gpr_rd : the preflight's read ports (flipped), latency 1.
         Answers hold until the next read of the same memory; ``word_rd`` must follow a
-        ``tile_rd`` or ``word_rd`` of the same register (decision T11).
+        ``tile_rd`` or ``word_rd`` of the same register (decisions T11, T26).
     alloc : the preflight's allocation inputs (flipped).
     gpr_index : In(5), gpr_value : Out(16)
         The decoder's combinational B.DIM GPR read.
     engine : In(TilePortSignature(config))
-        The CUBE engine's port: descriptor lookups answer after 2 cycles, payload reads
-        after 1.  ``mem_wr`` is always ready.
+        The CUBE engine's port: descriptor lookups and payload reads answer after 3
+        cycles (requests and words registered, decision T26).  ``mem_wr`` is always ready;
+        a write reaches the memory a cycle later.
     i2c : In(ElementPortSignature)
         The TIMG2COL element port of the running job: the SOURCE register and the placed
         output of the PE whose source ``src_load`` read last (decision T15).
@@ -324,6 +347,20 @@ class TileStore(wiring.Component):
             pay_rd.append(_BlockReadPort(m, p, f"payload{s}"))
             pay_wr.append(p.write_port(granularity=8))
             flg_rd.append(_BlockReadPort(m, f, f"flags{s}")), flg_wr.append(f.write_port())
+        # Every payload write (host, CUBE engine, TIMG2COL destination) is registered at the
+        # store's boundary and reaches the memory a cycle later: the memories' write inputs
+        # are flip-flops (decision T26).  ``write_payload`` loads the register; a later call
+        # in the same cycle wins (the engines' after the host's).
+        wr_mask = [Signal(8, name=f"payload{s}_wr_mask") for s in spaces]
+        wr_addr = Signal(ww, name="payload_wr_addr")
+        wr_data = Signal(64, name="payload_wr_data")
+        m.d.sync += [mask.eq(0) for mask in wr_mask]
+        for port, mask in zip(pay_wr, wr_mask):
+            m.d.comb += [port.en.eq(mask), port.addr.eq(wr_addr), port.data.eq(wr_data)]
+
+        def write_payload(masks, addr, data):
+            m.d.sync += [wr_addr.eq(addr), wr_data.eq(data)]
+            m.d.sync += [reg.eq(mask) for reg, mask in zip(wr_mask, masks)]
 
         lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
         sreg = Memory(shape=self.shared_entry, depth=256, init=[], attrs=_NO_COLLISION)
@@ -340,6 +377,16 @@ class TileStore(wiring.Component):
         l_rd, l_wr = _BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
         s_rd, s_wr = _BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
         fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port()
+        # The Local entries' bases again, in LUT RAM written with the Local file: the
+        # preflight's word read adds its word to a register's base looked up here a cycle
+        # earlier, not to the Local file's block-RAM output (decision T26).
+        # LUT RAM: as a block RAM the register after the read would be its output again.
+        bases_mem = Memory(shape=cw, depth=PE_COUNT * 64, init=[],
+                           attrs={"ram_style": "distributed"})
+        m.submodules.local_bases = bases_mem
+        base_rd, base_wr = bases_mem.read_port(domain="comb"), bases_mem.write_port()
+        m.d.comb += [base_wr.en.eq(l_wr.en), base_wr.addr.eq(l_wr.addr),
+                     base_wr.data.eq(l_wr.data.base)]
         # The part read last, for the host's READ_FM and the TIMG2COL engine's load; zero
         # unless written since allocation (``fm_set`` of the Local entry read with it).
         fm_read_part = Signal(range(FM_PARTS), name="fm_read_part")
@@ -402,12 +449,6 @@ class TileStore(wiring.Component):
         pay_data, flg_data = (self._last_read(m, ports, name)
                               for ports, name in ((pay_rd, "payload"), (flg_rd, "flags")))
         m.d.comb += wd.data.eq(pay_data)
-
-        # Read/write requests of each memory, lowest priority first (later m.If wins).
-        def read(s, addr, flag_addr=None):
-            m.d.comb += [pay_rd[s].en.eq(1), pay_rd[s].addr.eq(addr)]
-            if flag_addr is not None:
-                m.d.comb += [flg_rd[s].en.eq(1), flg_rd[s].addr.eq(flag_addr)]
 
         # ---- sequencer (host commands, placement, publication) ----------------------
         cmd = Signal(HostCommandLayout)
@@ -588,11 +629,23 @@ class TileStore(wiring.Component):
         reg_cells = Mux(is_pe, le.desc.cells, se.desc.cells)
         reg_base = Mux(is_pe, le.base, se.base)
 
+        # The answer (decision T26): the states set flags, and the response register loads
+        # whenever no answer is pending (a command starts only then), so HOST's decisions
+        # meet the data in one AND-OR instead of a chain of multiplexers.  ``reply_value``
+        # answers ``f_value``.
+        answer, answer_error, answer_value = Signal(), Signal(), Signal()
+        answer_data = Signal(64)
+        with m.If(answer):
+            m.d.sync += rsp_valid.eq(1)
+
         def reply(value):
-            m.d.sync += [rsp.data.eq(value), rsp.error.eq(0), rsp_valid.eq(1)]
+            m.d.comb += [answer.eq(1), answer_data.eq(value)]
+
+        def reply_value():
+            m.d.comb += [answer.eq(1), answer_value.eq(1)]
 
         def fail(error):
-            m.d.sync += [rsp.data.eq(error), rsp.error.eq(1), rsp_valid.eq(1)]
+            m.d.comb += [answer.eq(1), answer_error.eq(1), answer_data.eq(error)]
 
         def write_local(addr, entry):
             m.d.comb += [l_wr.en.eq(1), l_wr.addr.eq(addr), l_wr.data.eq(entry)]
@@ -606,6 +659,11 @@ class TileStore(wiring.Component):
                     m.d.sync += held[q].bit_select(index, 1).eq(bit)
 
         read_flags = Signal()
+        # HOST_ISSUE: the payload / flag memory a READ_WORD / READ_FLAGS reads (one-hot),
+        # registered in HOST (decision T26).
+        host_rd_pay = Signal(len(spaces), name="host_rd_pay")
+        host_rd_flg = Signal(len(spaces), name="host_rd_flg")
+        m.d.sync += [host_rd_pay.eq(0), host_rd_flg.eq(0)]
         # HOST_READ: the payload and the flag word read, each registered from its read-data
         # bus, and HOST_REPLY chooses (decision T24).
         read_word = Signal(64)
@@ -672,12 +730,15 @@ class TileStore(wiring.Component):
         # The answer of a descriptor, feature-map, GPR or system-register read, the OR of
         # three registers: HOST_FACTS forms the Local and the Shared / GPR answers as AND-ORs
         # of the read registers under one-hot selects, and the feature-map part, so few
-        # LUT levels follow the block RAMs' outputs; a system register is copied when the
-        # command is taken (nothing changes it while a host command runs, decision T24).
+        # LUT levels follow the block RAMs' outputs; a system register is copied in
+        # HOST_READS (nothing changes it while a host command runs, decisions T24, T26).
         f_value_pe = Signal(64, name="f_value_pe")
         f_value_sh = Signal(64, name="f_value_sh")
         f_value_fm = Signal(64, name="f_value_fm")
         f_value = f_value_pe | f_value_sh | f_value_fm
+        with m.If(~rsp_valid):
+            m.d.sync += [rsp.data.eq(Mux(answer_value, f_value, 0) | answer_data),
+                         rsp.error.eq(answer_error)]
         pe_sources = [("desc0_pe", lambda le, se: le.desc.as_value()[:64]),
                       ("desc1_pe", lambda le, se: le.desc.as_value()[64:]),
                       ("base_pe", lambda le, se: Mux(le.desc.allocated, le.base, 0)),
@@ -722,34 +783,41 @@ class TileStore(wiring.Component):
                     read_fm(src_local, self.src_fm_part)
                 with m.Elif(host_go):
                     m.d.comb += self.host_cmd.ready.eq(1)
-                    m.d.sync += cmd.eq(self.host_cmd.payload)
-                    taken = self.host_cmd.payload
-                    local = Cat(taken.index[:6], Value.cast(taken.space)[:2])
-                    # A part number READ_FM refuses reads part 0, inside the memory.
-                    part = taken.addr[:3]
-                    read_local(local), read_shared(taken.index)
-                    read_fm(local, Mux(part < FM_PARTS, part, 0))
-                    read_gpr(taken.index[:5])
-                    m.next = "HOST_FACTS"
-                    t_pe = Value.cast(taken.space) < PE_COUNT
-                    t_desc, t_sys = taken.op == HostOp.READ_DESC, taken.op == HostOp.READ_SYS
-                    t_addr = [taken.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
-                    sel = {"gpr": taken.op == HostOp.READ_GPR}
-                    for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
-                                       ("undef", DESC_PART_UNDEFINED)):
-                        sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
-                        sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
-                    sel["sys"] = t_sys
-                    sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
-                                  SysReg.CAPACITY_IN_USE: in_use,
-                                  SysReg.ALLOCATED: self.alloc.allocated,
-                                  SysReg.BUILD: Const(build_info(cfg), 64)}
-                    m.d.sync += [
-                        value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
-                        sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
-                                                     [sys_values[r] for r in SysReg])),
-                        fm_sel.eq(Cat(*((taken.op == HostOp.READ_FM) & t_addr[k]
-                                        for k in range(FM_PARTS))))]
+                    m.next = "HOST_READS"
+                # The command register loads in every idle cycle: it holds the command from
+                # the one that takes it (its fields are read only after, decision T26).
+                m.d.sync += cmd.eq(self.host_cmd.payload)
+
+            with m.State("HOST_READS"):
+                # The command's entries are read from the command register, and the answer's
+                # source is chosen (T24), a cycle after the take (decision T26).
+                m.d.comb += busy.eq(1)
+                m.next = "HOST_FACTS"
+                local = Cat(idx[:6], space[:2])
+                # A part number READ_FM refuses reads part 0, inside the memory.
+                part = cmd.addr[:3]
+                read_local(local), read_shared(idx)
+                read_fm(local, Mux(part < FM_PARTS, part, 0))
+                read_gpr(idx[:5])
+                t_pe = is_pe
+                t_desc, t_sys = cmd.op == HostOp.READ_DESC, cmd.op == HostOp.READ_SYS
+                t_addr = [cmd.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
+                sel = {"gpr": cmd.op == HostOp.READ_GPR}
+                for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
+                                   ("undef", DESC_PART_UNDEFINED)):
+                    sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
+                    sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
+                sel["sys"] = t_sys
+                sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
+                              SysReg.CAPACITY_IN_USE: in_use,
+                              SysReg.ALLOCATED: self.alloc.allocated,
+                              SysReg.BUILD: Const(build_info(cfg), 64)}
+                m.d.sync += [
+                    value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
+                    sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
+                                                 [sys_values[r] for r in SysReg])),
+                    fm_sel.eq(Cat(*((cmd.op == HostOp.READ_FM) & t_addr[k]
+                                    for k in range(FM_PARTS))))]
 
             # ---- host commands --------------------------------------------------------
             with m.State("HOST_FACTS"):
@@ -855,18 +923,13 @@ class TileStore(wiring.Component):
                             with m.Elif(~f_word_ok):
                                 fail(HostError.OUT_OF_RANGE)
                             with m.Elif(f_op[HostOp.WRITE_WORD.value]):
-                                for s in spaces:
-                                    with m.If(space == s):
-                                        m.d.comb += [pay_wr[s].en.eq(0xFF),
-                                                     pay_wr[s].addr.eq(addr),
-                                                     pay_wr[s].data.eq(cmd.data)]
+                                write_payload([Mux(space == s, 0xFF, 0) for s in spaces],
+                                              addr, cmd.data)
                                 reply(0)
                             with m.Else():
-                                for s in spaces:
-                                    with m.If(space == s):
-                                        read(s, addr)
-                                m.d.sync += read_flags.eq(0)
-                                m.next = "HOST_READ"
+                                m.d.sync += [host_rd_pay.eq(Cat(*(space == s for s in spaces))),
+                                             read_flags.eq(0)]
+                                m.next = "HOST_ISSUE"
                         with op_case(HostOp.WRITE_FLAGS, HostOp.READ_FLAGS):
                             addr = f_flag_addr
                             with m.If(~f_allocated):
@@ -886,11 +949,9 @@ class TileStore(wiring.Component):
                             with m.Elif(f_cube_synth):
                                 fail(HostError.NOT_EXPLICIT)
                             with m.Else():
-                                for s in spaces:
-                                    with m.If(space == s):
-                                        m.d.comb += [flg_rd[s].en.eq(1), flg_rd[s].addr.eq(addr)]
-                                m.d.sync += read_flags.eq(1)
-                                m.next = "HOST_READ"
+                                m.d.sync += [host_rd_flg.eq(Cat(*(space == s for s in spaces))),
+                                             read_flags.eq(1)]
+                                m.next = "HOST_ISSUE"
                         with op_case(HostOp.SET_UNDEFINED):
                             with m.If(~f_allocated):
                                 fail(HostError.NOT_ALLOCATED)
@@ -908,7 +969,7 @@ class TileStore(wiring.Component):
                         with op_case(HostOp.READ_DESC):
                             with m.If(f_addr[:max(1, DESC_PART_BASE, DESC_PART_UNDEFINED) + 1]
                                       .any()):
-                                reply(f_value)
+                                reply_value()
                             with m.Else():
                                 fail(HostError.OUT_OF_RANGE)
                         with op_case(HostOp.WRITE_FM, HostOp.READ_FM):
@@ -919,7 +980,7 @@ class TileStore(wiring.Component):
                             with m.Elif(~f_addr[:FM_PARTS].any()):
                                 fail(HostError.OUT_OF_RANGE)
                             with m.Elif(f_op[HostOp.READ_FM.value]):
-                                reply(f_value)
+                                reply_value()
                             with m.Else():
                                 # The last part keeps only the descriptor's bits.
                                 part, entry = cmd.addr[:3], Cat(idx[:6], space[:2])
@@ -946,7 +1007,7 @@ class TileStore(wiring.Component):
                             with m.If(f_gpr_bad):
                                 fail(HostError.BAD_INDEX)
                             with m.Else():
-                                reply(f_value)
+                                reply_value()
                         with op_case(HostOp.WRITE_SYS):
                             with m.Switch(f_addr):
                                 with addr_case(SysReg.TILE_CAPACITY):
@@ -962,11 +1023,16 @@ class TileStore(wiring.Component):
                                     fail(HostError.BAD_INDEX)
                         with op_case(HostOp.READ_SYS):
                             with m.If(f_addr[:len(SysReg)].any()):
-                                reply(f_value)
+                                reply_value()
                             with m.Else():
                                 fail(HostError.BAD_INDEX)
                         with m.Default():
                             fail(HostError.BAD_OP)
+
+            with m.State("HOST_ISSUE"):
+                # The read HOST chose, from registers (T26).
+                m.d.comb += busy.eq(1)
+                m.next = "HOST_READ"
 
             with m.State("HOST_READ"):
                 # The word read, registered and answered in HOST_REPLY (T13); a published
@@ -1120,17 +1186,25 @@ class TileStore(wiring.Component):
             read_local(Cat(td.index, td.pe))
         with m.If(sr.en):
             read_shared(sr.sid)
-        # A word read takes the register's base from the Local read register: the preflight
-        # read that register in the previous cycle (its descriptor, or the word before), and
-        # reads it again now so the base is there for the next word (decision T11).
-        with m.If(wd.en):
-            read_local(Cat(wd.index, wd.pe))
-            for p in range(PE_COUNT):
-                with m.If(wd.pe == p):
-                    read(p, (l_rd.data.base << 4) + wd.addr)
-        self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, pay_data,
-                          busy)
-        self._element_port(m, pay_rd, pay_wr, flg_rd, pay_data, flg_data, src)
+        engine_rd = self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_data, busy,
+                                      write_payload)
+        i2c_rd, i2c_flag_rd = self._element_port(m, pay_data, flg_data, src, write_payload)
+        # The payload and flag reads: every request but the preflight's word read comes from
+        # registers (decision T26); the word read's address is formed in its cycle, so it is
+        # the last multiplexer before the memories, and it yields to a registered request.
+        word_go = wd.en & ~engine_rd.valid & ~i2c_rd.valid
+        # The base of the register a word read reads is looked up (and registered) in the
+        # cycle before, from the ``tile_rd`` or ``word_rd`` of the same register (T11).
+        word_base = Signal(cw, name="word_base")
+        m.d.comb += base_rd.addr.eq(Mux(wd.en, Cat(wd.index, wd.pe), Cat(td.index, td.pe)))
+        m.d.sync += word_base.eq(base_rd.data)
+        word_rd = _ReadRequest(valid=word_go, go=word_go,
+                               sel=Cat(*(wd.pe == p for p in range(PE_COUNT)), Const(0, 1)),
+                               addr=(word_base << 4) + wd.addr)
+        host_pay_rd = _ReadRequest(valid=1, go=1, sel=host_rd_pay, addr=f_word_addr)
+        host_flg_rd = _ReadRequest(valid=1, go=1, sel=host_rd_flg, addr=f_flag_addr)
+        _issue_reads(m, pay_rd, [host_pay_rd, engine_rd, i2c_rd, word_rd])
+        _issue_reads(m, flg_rd, [host_flg_rd, i2c_flag_rd])
         return m
 
     @staticmethod
@@ -1156,25 +1230,30 @@ class TileStore(wiring.Component):
             m.d.sync += j.eq(j + 1)
             m.next = same
 
-    def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_rd, pay_wr, pay_data,
-                     seq_busy):
+    def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_data, seq_busy,
+                     write_payload):
         """The CUBE engine's TilePort: descriptors and payload words, one request at a time."""
         e = self.engine
-        # Descriptor lookups read both tables while the sequencer idles; the response is
-        # registered from the read registers a cycle later (latency 2).
+        # Descriptor lookups are registered at the store's boundary (decision T26), then read
+        # both tables while the sequencer idles; the response is registered from the read
+        # registers a cycle later (latency 3).
+        dq_valid = Signal(name="engine_desc_valid")
+        dq = Signal(e.desc_req.payload.shape(), name="engine_desc_req")
         lookup = Signal()                       # the read registers hold the lookup's entries
         lookup_shared = Signal()
         rsp_valid = Signal()
         m.d.comb += [e.desc_rsp.valid.eq(rsp_valid),
-                     e.desc_req.ready.eq(~rsp_valid & ~lookup & ~seq_busy)]
+                     e.desc_req.ready.eq(~dq_valid & ~rsp_valid & ~lookup & ~seq_busy)]
         with m.If(e.desc_rsp.ready):
             m.d.sync += rsp_valid.eq(0)
         m.d.sync += lookup.eq(0)
         with m.If(e.desc_req.valid & e.desc_req.ready):
-            q = e.desc_req.payload
-            read_local(Cat(q.index[:6], Value.cast(q.space)[:2]))
-            read_shared(q.index)
-            m.d.sync += [lookup.eq(1), lookup_shared.eq(q.space == MemSpace.SHARED)]
+            m.d.sync += [dq_valid.eq(1), dq.eq(e.desc_req.payload)]
+        with m.If(dq_valid & ~seq_busy):
+            read_local(Cat(dq.index[:6], Value.cast(dq.space)[:2]))
+            read_shared(dq.index)
+            m.d.sync += [dq_valid.eq(0), lookup.eq(1),
+                         lookup_shared.eq(dq.space == MemSpace.SHARED)]
         with m.If(lookup):
             shared = lookup_shared
             ld, sd = l_rd.data, s_rd.data
@@ -1191,54 +1270,72 @@ class TileStore(wiring.Component):
                 r.phys_cols.eq(Mux(shared, sd.desc.phys_cols, ld.desc.phys_cols)),
                 r.base.eq(Mux(shared, sd.base, ld.base)),
             ]
-        # Payload words: one outstanding read, held in the memory's read register.
-        mem_valid = Signal()
+        # Payload words: three stages that move together (decision T26): the request,
+        # registered at the store's boundary; the memory read (``read_valid``: the read
+        # register holds the word); the response, a copy of the word, so that the engine's
+        # clients load words from flip-flops, not from the block RAMs' outputs.  A stalled
+        # response holds the read register too, and a request is taken whenever they move.
+        q_valid = Signal(name="engine_rd_valid")
+        q_sel = Signal(PE_COUNT + 1, name="engine_rd_sel")
+        q_addr = Signal(self.ww, name="engine_rd_addr")
+        read_valid = Signal(name="engine_read_valid")
+        mem_valid = Signal(name="engine_rsp_valid")
+        word = Signal(64, name="engine_rsp_word")
+        advance = ~mem_valid | e.mem_rsp.ready
+        issue = q_valid & advance
         m.d.comb += [e.mem_rsp.valid.eq(mem_valid),
-                     e.mem_rsp.payload.eq(pay_data),
-                     e.mem_req.ready.eq(~mem_valid | e.mem_rsp.ready)]
-        with m.If(e.mem_rsp.ready):
-            m.d.sync += mem_valid.eq(0)
-        with m.If(e.mem_req.valid & e.mem_req.ready):
-            m.d.sync += mem_valid.eq(1)
-            for s, port in enumerate(pay_rd):
-                with m.If(e.mem_req.payload.space == MemSpace(s)):
-                    m.d.comb += [port.en.eq(1), port.addr.eq(e.mem_req.payload.addr)]
+                     e.mem_rsp.payload.eq(word),
+                     e.mem_req.ready.eq(~q_valid | advance)]
+        with m.If(advance):
+            m.d.sync += [read_valid.eq(issue), mem_valid.eq(read_valid), word.eq(pay_data)]
+        with m.If(e.mem_req.ready):
+            q = e.mem_req.payload
+            m.d.sync += [q_valid.eq(e.mem_req.valid), q_addr.eq(q.addr),
+                         q_sel.eq(Cat(*(q.space == MemSpace(s) for s in range(PE_COUNT + 1))))]
         m.d.comb += e.mem_wr.ready.eq(1)
         with m.If(e.mem_wr.valid):
             w = e.mem_wr.payload
-            for s, port in enumerate(pay_wr):
-                with m.If(w.space == MemSpace(s)):
-                    m.d.comb += [port.en.eq(w.mask), port.addr.eq(w.addr), port.data.eq(w.data)]
+            write_payload([Mux(w.space == MemSpace(s), w.mask, 0) for s in range(PE_COUNT + 1)],
+                          w.addr, w.data)
+        return _ReadRequest(valid=q_valid, go=issue, sel=q_sel, addr=q_addr)
 
-    def _element_port(self, m, pay_rd, pay_wr, flg_rd, pay_data, flg_data, src):
+    def _element_port(self, m, pay_data, flg_data, src, write_payload):
         """The running TIMG2COL job's source element reads and destination element writes,
-        on the memories of PE ``src.pe``.  Only the enables are per PE: the addresses and
-        write data go to all four memories, which nothing else uses during a job (T3), so the
-        PE select reaches as few cells as it can (issue #9)."""
+        on the memories of PE ``src.pe``; returns its payload and flag read requests."""
         # log2 of the element bytes, registered: the plan is held from PLACE to PUBLISH or
         # ABORT, and elements move only in between (decision T13).
         shift = Signal(2)
         m.d.sync += shift.eq(_log2_bytes(self.plan.a_type))
         ww, port = self.ww, self.i2c
         desc, src_base, synth = src.entry.desc, src.entry.base, src.entry.synth
-        # Three stages: the memory read (``read_valid``: the read registers hold the element's
-        # words), a copy of the words read (``word_valid``), then the response register: the
-        # block RAMs' outputs reach only the read-data buses' selects, the element and flag
-        # selects start from flip-flops, and so do the engine's decisions (decision T23).  All
-        # stages move together: a stalled response holds the read registers too (nothing else
-        # reads the memories during a job), and a request is taken whenever the stages move.
+        # Four stages: the request, registered at the store's boundary with its word and flag
+        # addresses (``req_valid``, decision T26); the memory read (``read_valid``: the read
+        # registers hold the element's words); a copy of the words read (``word_valid``);
+        # then the response register: the block RAMs' outputs reach only the read-data
+        # buses' selects, the element and flag selects start from flip-flops, and so do the
+        # engine's decisions (decision T23).  All stages move together: a stalled response
+        # holds the read registers too (nothing else reads the memories during a job), and a
+        # request is taken whenever the stages move.
+        req_valid = Signal(name="i2c_req_valid")
         read_valid = Signal(name="i2c_read_valid")
         word_valid = Signal(name="i2c_word_valid")
         rsp_valid = Signal(name="i2c_rsp_valid")
+        req_addr = Signal(ww, name="i2c_req_addr")
+        req_flag_addr = Signal(ww, name="i2c_req_flag_addr")
         word = Signal(64, name="i2c_word")
         flag_word = Signal(64, name="i2c_flag_word")
         rsp = Signal(SourceResponseLayout, name="i2c_rsp")
-        byte = Signal(3, name="i2c_byte")
-        index = Signal(6, name="i2c_index")
-        implicit = Signal(name="i2c_implicit")
-        word_byte = Signal(3, name="i2c_word_byte")
-        word_index = Signal(6, name="i2c_word_index")
-        word_implicit = Signal(name="i2c_word_implicit")
+        # The element's byte in its word, its flag in its flag word and its implicit flag,
+        # per stage.
+        byte, read_byte, word_byte = (Signal(3, name=f"i2c_{n}byte")
+                                      for n in ("", "read_", "word_"))
+        index, read_index = (Signal(6, name=f"i2c_{n}index") for n in ("", "read_"))
+        # The copy's flag index: its low 3 bits, and its high 3 bits one-hot, so the flag is
+        # a bit select of eight flag bytes' bits under a one-hot (decision T26).
+        word_index = Signal(3, name="i2c_word_index")
+        word_index_high = Signal(8, name="i2c_word_index_high")
+        implicit, read_implicit, word_implicit = (Signal(name=f"i2c_{n}implicit")
+                                                  for n in ("", "read_", "word_"))
         advance = ~rsp_valid | port.src_rsp.ready
         m.d.comb += port.src_req.ready.eq(advance)
         addr = (src_base << 7) + (port.src_req.payload << shift)
@@ -1247,29 +1344,38 @@ class TileStore(wiring.Component):
         q = port.src_req.payload
         take = port.src_req.valid & port.src_req.ready
         with m.If(advance):
-            m.d.sync += [read_valid.eq(take), word_valid.eq(read_valid), rsp_valid.eq(word_valid),
-                         word.eq(pay_data), flag_word.eq(flg_data), word_byte.eq(byte),
-                         word_index.eq(index), word_implicit.eq(implicit),
+            m.d.sync += [req_valid.eq(take), read_valid.eq(req_valid),
+                         word_valid.eq(read_valid), rsp_valid.eq(word_valid),
+                         read_byte.eq(byte), read_index.eq(index),
+                         read_implicit.eq(implicit),
+                         word.eq(pay_data), flag_word.eq(flg_data), word_byte.eq(read_byte),
+                         word_index.eq(read_index[:3]),
+                         word_index_high.eq(Cat(*(read_index[3:] == k for k in range(8)))),
+                         word_implicit.eq(read_implicit),
                          rsp.data.eq(word >> (word_byte << 3)),
-                         rsp.defined.eq(Mux(synth, word_implicit,
-                                            flag_word.bit_select(word_index, 1)))]
+                         rsp.defined.eq(Mux(synth, word_implicit, _one_hot_select(
+                             word_index_high, [flag_word.word_select(k, 8).bit_select(
+                                 word_index, 1) for k in range(8)])))]
         with m.If(take):
-            m.d.sync += [byte.eq(addr[:3]), index.eq(q[:6]),
+            m.d.sync += [req_addr.eq(addr[3:3 + ww]),
+                         req_flag_addr.eq((src_base << 2) + (q >> 6)),
+                         byte.eq(addr[:3]), index.eq(q[:6]),
                          implicit.eq((q < src.rows_end)
                                      & ((q & src.col_mask) < desc.valid_cols))]
         m.d.comb += [port.src_rsp.valid.eq(rsp_valid), port.src_rsp.payload.eq(rsp)]
-        # Destination writes into the placed output (entry 0), always accepted.
+        # Destination writes into the placed output (entry 0), always accepted.  Only the
+        # enables are per PE: the address and data are the same for every memory, which
+        # nothing else uses during a job (T3), so the PE select reaches as few cells as it
+        # can (issue #9).
         m.d.comb += port.dst.ready.eq(1)
         w = port.dst.payload
         daddr = (src.dst_base << 7) + (w.addr << shift)
         lane = daddr[:3]
         width_mask = Mux(shift == 2, 0xF, Mux(shift == 1, 0x3, 0x1))
-        for p in range(PE_COUNT):
-            with m.If(take):
-                m.d.comb += [pay_rd[p].en.eq(src.pe[p]), pay_rd[p].addr.eq(addr[3:3 + ww]),
-                             flg_rd[p].en.eq(src.pe[p]),
-                             flg_rd[p].addr.eq((src_base << 2) + (q >> 6))]
-            with m.If(port.dst.valid):
-                m.d.comb += [pay_wr[p].en.eq(Mux(src.pe[p], (width_mask << lane)[:8], 0)),
-                             pay_wr[p].addr.eq(daddr[3:3 + ww]),
-                             pay_wr[p].data.eq((w.data << (lane << 3))[:64])]
+        with m.If(port.dst.valid):
+            write_payload([Mux(src.pe[p], (width_mask << lane)[:8], 0) for p in range(PE_COUNT)]
+                          + [0], daddr[3:3 + ww], (w.data << (lane << 3))[:64])
+        go = req_valid & advance
+        sel = Cat(src.pe, Const(0, 1))
+        return (_ReadRequest(valid=req_valid, go=go, sel=sel, addr=req_addr),
+                _ReadRequest(valid=req_valid, go=go, sel=sel, addr=req_flag_addr))
