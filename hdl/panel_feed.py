@@ -181,6 +181,28 @@ class PanelFeed(FeedComponent):
         m_less_phase = fact("m_less_phase", Mux(run.m > rows * slots, run.m - rows * slots, 0))
         n_less_cols = fact("n_less_cols", Mux(run.n > cols, run.n - cols, 0))
         a_swap = fact("a_swap", ~run.m32 & (run.a_log2w == 2), 1)
+        # Whether a word column of the fill may be a single read (decision C28): an A
+        # column of a panel of one row (CUBE_M32: of one row pair), always when R <= 2 (the
+        # second CELL half is not counted: at most the one-read case is overstated), or a
+        # B column of a block column of one column ((N - 1) mod C = 0; always when C is not
+        # a power of two).  Only such a column needs the registered decision in its first
+        # cycle; the others run their first read while it settles.
+        a_one = Signal(name="a_one_read")
+        if rows <= 2:
+            m.d.sync += a_one.eq(1)
+        else:
+            with m.Switch(run.m):
+                for rows_m in range(1, 33):
+                    last_rows = rows_m - (_ceil_div(rows_m, rows) - 1) * rows
+                    with m.Case(rows_m):
+                        m.d.sync += a_one.eq(int(last_rows <= 2))
+                with m.Default():
+                    m.d.sync += a_one.eq(1)
+        if cols & (cols - 1):
+            b_one = Const(1, 1)
+        else:
+            b_one = ((run.n - 1)[:max(1, (cols - 1).bit_length())] == 0) if cols > 1 else Const(1, 1)
+        one_read = fact("one_read", a_one | b_one, 1)
 
         # Entries of each buffer written so far, in fill (= address) order.
         a_complete = Signal(a_aw + 1)
@@ -293,9 +315,11 @@ class PanelFeed(FeedComponent):
 
         # The fill's next-state decision after a word column (decision C20): a function of
         # registers that change only at a word column's end, so it is registered every
-        # cycle and valid (``fresh``) from the second cycle of each word column.  Every
-        # word column waits a cycle for it, so that whether a read issues does not depend
-        # on whether it ends its word column (decision C24).
+        # cycle and valid from the second cycle of each word column.  Whether a read
+        # issues does not depend on whether it ends its word column (decision C24): a word
+        # column that may be a single read (``one_read``) waits a cycle for the decision
+        # (``fresh``); any other runs its first read meanwhile, since only its last read
+        # uses the decision (decision C28).
         next_phase = ~f_is_b & fea_last & phase_more
         next_fea = Mux(next_phase, 0, fea + ~f_is_b)
         next_fka = Mux(next_phase, 0, Mux(f_is_b, fka, fka_ahead))
@@ -303,7 +327,10 @@ class PanelFeed(FeedComponent):
         next_feb = Mux(b_panel_end, 0, feb + f_is_b)
         next_fkb = Mux(b_panel_end, 0, Mux(f_is_b, fkb_ahead, fkb))
         next_a_left = a_left & ~(~f_is_b & fea_last & ~phase_more)
-        b_pending = col_outer & b_more & (b_qnext < ph_end)
+        # Column-outer B panel after B panel: the next one when a group the A phases cover
+        # needs it, and once A is whole, every next one in turn, without walking back
+        # through the blocks (the walk takes two cycles a block; decision C28).
+        b_pending = col_outer & b_more & ((b_qnext < ph_end) | ~a_left)
         b_phase = col_outer & b_in & (b_qblk < ph_end2)
         next_b_left = Mux(b_panel_end, b_pending, b_left | (next_phase & b_phase))
         # After a word column of one operand, the next read goes to the operand whose words
@@ -396,13 +423,15 @@ class PanelFeed(FeedComponent):
                                      a_left.eq(f_col0 == 0),
                                      b_left.eq((f_row0 == 0) & (f_col0 >= b_done_col)),
                                      f_is_b.eq(f_col0 != 0)]
+                        # The first word column's first read, as after a word column.
+                        m.d.sync += fresh.eq(~one_read)
                         m.next = "READ"
                     with m.Else():
                         m.d.comb += f_step.eq(1)
                         m.d.sync += f_seen.eq(0)
             with m.State("READ"):
                 m.d.comb += f_active.eq(1)
-                m.d.sync += fresh.eq(~(issued & word_end))
+                m.d.sync += fresh.eq(~(issued & word_end & one_read))
                 with m.If(issued):
                     with m.If(f_is_b):
                         m.d.sync += [*set_fi(Mux(cols_end, 0, fi + 1)),

@@ -306,7 +306,12 @@ class ResultPath(wiring.Component):
         red_pending = Cat(*(st.valid & (st.row_last | st.group_last) for st in line)).any() \
             | row_hold_valid | group_hold_valid
 
-        m.submodules.coords = coords = fifo.SyncFIFOBuffered(width=row_bits + 32, depth=8)
+        # An element's coordinates wait here from its push until it leaves PostProcess and
+        # enters the writer's ``e`` stage (PostProcess's latency, then ``dq`` and the stage:
+        # about 13 cycles).  The queue is deeper than that loop, so the serializer pushes an
+        # element every cycle (with 8 entries it pushed 8 per 13 cycles; decision C28).
+        m.submodules.coords = coords = fifo.SyncFIFOBuffered(width=row_bits + 32,
+                                                             depth=post.latency + 6)
         push = Signal()
         m.d.comb += push.eq(element & params_hit & coords.w_rdy & pre_done
                             & ~(reduces & red_busy))
