@@ -213,6 +213,9 @@ def add_synth_arguments(parser):
     parser.add_argument("--trace", metavar="TEXT",
                         help="--paths: print net by net the worst path into a signal whose "
                              "name contains TEXT")
+    parser.add_argument("--fanout", type=int, default=64, metavar="N",
+                        help="--paths: also list the nets driven by logic with at least N "
+                             "sinks (default 64; 0: none)")
     parser.add_argument("--family", choices=("ecp5", "ice40"),
                         help="FPGA family of --breakdown / --timing (default: the board's)")
     parser.add_argument("--parts", help="--breakdown / --timing: comma-separated part paths "
@@ -279,14 +282,14 @@ def _run_paths(args) -> int:
             print(f"error: no netlist at {path}", file=sys.stderr)
             return 2
         report = analyse(json.loads(path.read_text()), budget_ns=budget, depth=args.depth,
-                         trace=args.trace)
+                         trace=args.trace, fanout=args.fanout)
         title = str(path)
     else:
         out = Path(args.out) if args.out else Path("build") / "out" / "paths" / \
             f"{name}-{args.design}"
         try:
             report = preset_paths(name, out, design_name=args.design, budget_ns=budget,
-                                  depth=args.depth, trace=args.trace)
+                                  depth=args.depth, trace=args.trace, fanout=args.fanout)
         except ToolError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1

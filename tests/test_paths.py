@@ -102,6 +102,26 @@ def test_a_combinational_loop_ends_the_walk():
     assert report.endpoints == 1 and report.worst.ns < 10
 
 
+def test_wide_nets_are_those_logic_drives_to_many_sinks(tmp_path, capsys):
+    n = _Netlist()
+    n.ff("ctl.a", d=80, q=81)
+    n.lut("ctl.enable_LUT4_Z", [81], 82)
+    n.names["ctl.enable"] = [82]
+    for i in range(70):     # the LUT's output enables 70 flip-flops, ``ctl.a`` feeds 71 sinks
+        n.cell(f"wide.r{i}_TRELLIS_FF_Q", "TRELLIS_FF",
+               [("DI", [81]), ("CE", [82]), ("CLK", [1])], [("Q", [100 + i])])
+    report = analyse(n.json(), fanout=64)
+    assert [(w.net, w.sinks, w.driver) for w in report.wide] == [("ctl.enable", 70, "LUT4")]
+    assert report.wide[0].ns == pytest.approx(MODEL.ff_out + MODEL.route + MODEL.lut)
+    assert analyse(n.json(), fanout=71).wide == [] and analyse(n.json(), fanout=0).wide == []
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(n.json()))
+    assert _cli("--paths", "--netlist", str(path), "--fanout", "32") == 0
+    assert "1 nets driven by logic with >= 32 sinks" in capsys.readouterr().out
+    assert _cli("--paths", "--netlist", str(path), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["wide"][0]["sinks"] == 70
+
+
 class _Compare(wiring.Component):
     """A sum compared against a limit; ``staged`` registers the sum first."""
 
