@@ -889,36 +889,27 @@ class TileStore(wiring.Component):
 
             with m.State("HOST_READS"):
                 # The command's entries are read from the command register, and the answer's
-                # source is chosen (T24), a cycle after the take (decision T26).
+                # source is chosen (below, T24), a cycle after the take (decision T26).
                 m.d.comb += busy.eq(1)
                 m.next = "HOST_FACTS"
                 read_local(Cat(idx[:6], space[:2])), read_shared(idx), read_fm()
                 read_gpr(idx[:5])
-                t_pe = is_pe
-                t_desc, t_sys = cmd.op == HostOp.READ_DESC, cmd.op == HostOp.READ_SYS
-                t_addr = [cmd.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
-                sel = {"gpr": cmd.op == HostOp.READ_GPR}
-                for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
-                                   ("undef", DESC_PART_UNDEFINED)):
-                    sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
-                    sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
-                sel["sys"] = t_sys
-                sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
-                              SysReg.CAPACITY_IN_USE: in_use,
-                              SysReg.ALLOCATED: self.alloc.allocated,
-                              SysReg.BUILD: Const(build_info(cfg), 64)}
-                m.d.sync += [
-                    value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
-                    sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
-                                                 [sys_values[r] for r in SysReg])),
-                    fm_sel.eq(Cat(*((cmd.op == HostOp.READ_FM) & t_addr[k]
-                                    for k in range(FM_PARTS))))]
 
             # ---- host commands --------------------------------------------------------
             with m.State("HOST_FACTS"):
                 # The facts (below) are registered from the entries read.
                 m.d.comb += busy.eq(1)
                 m.next = "HOST_CHECK"
+                sources = [value(le, se) for _, value in pe_sources + sh_sources]
+                m.d.sync += [
+                    f_value_pe.eq(_one_hot_select(value_sel[:len(pe_sources)],
+                                                  sources[:len(pe_sources)])),
+                    f_value_sh.eq(_one_hot_select(value_sel[len(pe_sources):],
+                                                  sources[len(pe_sources):])),
+                    f_value_fm.eq(0)]
+                # A feature-map part reads as zero unless written since allocation (T20).
+                with m.If((fm_sel & le.fm_set).any()):
+                    m.d.sync += f_value_fm.eq(fm_rd.data)
 
             with m.State("HOST_CHECK"):
                 # The checks' outcome (``h_*``) is registered from the facts (T27).
@@ -978,8 +969,7 @@ class TileStore(wiring.Component):
                 # row-major output's flags (its valid region, decision T5) wait in HOST_SYNTH
                 # for the implicit-flag pipeline (T24).
                 m.d.comb += busy.eq(1)
-                m.d.sync += [read_word.eq(pay_data), read_flag_word.eq(flg_data),
-                             synth_wait.eq(0)]
+                m.d.sync += synth_wait.eq(0)
                 with m.If(read_flags & f_synth):
                     m.next = "HOST_SYNTH"
                 with m.Else():
@@ -1080,6 +1070,31 @@ class TileStore(wiring.Component):
                 m.d.comb += busy.eq(1)
                 m.next = "PLACE_END"
 
+        # The answer's source and a system register's value, and the words a READ_WORD /
+        # READ_FLAGS reads (in HOST_READ, for HOST_REPLY), are registered in every cycle,
+        # without an enable, like the facts below: the command register and the system
+        # registers hold while a command uses them (T27).
+        m.d.sync += [read_word.eq(pay_data), read_flag_word.eq(flg_data)]
+        t_pe = is_pe
+        t_desc, t_sys = cmd.op == HostOp.READ_DESC, cmd.op == HostOp.READ_SYS
+        t_addr = [cmd.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
+        sel = {"gpr": cmd.op == HostOp.READ_GPR}
+        for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
+                           ("undef", DESC_PART_UNDEFINED)):
+            sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
+            sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
+        sel["sys"] = t_sys
+        sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
+                      SysReg.CAPACITY_IN_USE: in_use,
+                      SysReg.ALLOCATED: self.alloc.allocated,
+                      SysReg.BUILD: Const(build_info(cfg), 64)}
+        m.d.sync += [
+            value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
+            sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
+                                         [sys_values[r] for r in SysReg])),
+            fm_sel.eq(Cat(*((cmd.op == HostOp.READ_FM) & t_addr[k]
+                            for k in range(FM_PARTS))))]
+
         # The facts are registered in every cycle, without an enable: their inputs (the
         # command register, the read registers, the staged descriptor) hold from HOST_FACTS
         # while the command uses them, and nothing uses them outside a command (T27).
@@ -1110,17 +1125,6 @@ class TileStore(wiring.Component):
             f_pc_cols.eq(le.desc.phys_cols), f_pc_mask.eq(le.desc.phys_cols - 1),
             f_rows.eq(le.desc.valid_rows), f_cols.eq(le.desc.valid_cols),
         ]
-        sources = [value(le, se) for _, value in pe_sources + sh_sources]
-        m.d.sync += [
-            f_value_pe.eq(_one_hot_select(value_sel[:len(pe_sources)],
-                                          sources[:len(pe_sources)])),
-            f_value_sh.eq(_one_hot_select(value_sel[len(pe_sources):],
-                                          sources[len(pe_sources):])),
-            f_value_fm.eq(0)]
-        # A feature-map part reads as zero unless written since allocation (T20).
-        with m.If((fm_sel & le.fm_set).any()):
-            m.d.sync += f_value_fm.eq(fm_rd.data)
-
         m.d.sync += free_bytes.eq((f_cells << 7) * f_owners)
         # Publication's first stage, without an enable (T27): its registers are read only
         # with ``pub_en``.
