@@ -230,12 +230,6 @@ def _one_hot_select(one_hot, values):
     return functools.reduce(operator.or_, (Mux(one_hot[i], v, 0) for i, v in enumerate(values)))
 
 
-def _one_hot_patterns(width, *codes):
-    """Switch patterns that match a ``width``-bit one-hot value with bit ``code`` set."""
-    return ["".join("1" if i == int(getattr(code, "value", code)) else "-"
-                    for i in reversed(range(width))) for code in codes]
-
-
 def _log2_bytes(dtype):
     """log2 of the element bytes of a TIMG2COL DataType code (8/16/32-bit types)."""
     wide = [t.value for t in DataType if t.bits == 32]
@@ -400,9 +394,8 @@ class TileStore(wiring.Component):
         def read_shared(addr):
             m.d.comb += [s_rd.en.eq(1), s_rd.addr.eq(addr)]
 
-        def read_fm(entry, part):
-            m.d.comb += [fm_rd.en.eq(1), fm_rd.addr.eq(Cat(entry, part))]
-            m.d.sync += fm_read_part.eq(part)
+        def read_fm():
+            m.d.comb += fm_rd.en.eq(1)
 
         # GPRs: a memory for the 64-bit reads (host, preflight), and a second one of their
         # low 16 bits for the decoder's combinational GPR[15:0], read asynchronously (LUT
@@ -470,6 +463,10 @@ class TileStore(wiring.Component):
         for p in range(PE_COUNT):
             for j in range(3):
                 m.d.comb += self.out_base[p][j].eq(bases[p][j])
+        # ... and one past its last CELL, which an ABORT's or a failed PLACE's mark frees up
+        # to without an adder behind the walk's multiplexer (T27).
+        ends = Array(Array(Signal(max(pad).bit_length(), name=f"end{p}_{j}") for j in range(3))
+                     for p in range(PE_COUNT))
         # The running TIMG2COL job's source (T15): the block RAMs' read registers hold the
         # entry that ``src_load`` read and the feature-map part read last, for the engine's
         # feature-map load (T20); a copy of the entry made a cycle later feeds the job's
@@ -519,8 +516,9 @@ class TileStore(wiring.Component):
         # the registered chunk for the first CELL where a free run of ``scan_need`` CELLs
         # ends (from the chunk and the free run carried over from the chunks before it) and
         # registers it (``scan_found``, ``scan_last``) or that the last chunk held none
-        # (``scan_failed``).  A scan state sets ``scan_active``; the cycle before it,
-        # ``start_scan`` (with ``scan_space`` / ``scan_need``) resets the scan.
+        # (``scan_failed``), a verdict shown for one cycle.  ``start_scan`` (with
+        # ``scan_space`` / ``scan_need``) resets the scan's registers a cycle later
+        # (``scan_begin``, a flip-flop), which sets ``scan_active`` until the verdict (T27).
         scan_space = Signal(3)
         scan_need = Signal(13)
         run_w = max(pad).bit_length()           # a free run, a CELL index or an end CELL
@@ -536,27 +534,37 @@ class TileStore(wiring.Component):
         scan_found = Signal()
         scan_failed = Signal()
         scan_last = Signal(run_w)               # the last CELL of the first fitting run
-        with m.If(start_scan):
-            m.d.sync += [scan_pos.eq(0), chunk_valid.eq(0), run.eq(0), scan_found.eq(0),
-                         scan_failed.eq(0)]
+        scan_hit = Signal()                     # EVAL found the chunk of the first fit
+        scan_begin = Signal()                   # the cycle after ``start_scan``
+        m.d.sync += scan_begin.eq(start_scan)
+        with m.If(scan_begin):
+            m.d.sync += [scan_active.eq(1), scan_pos.eq(0), chunk_valid.eq(0), run.eq(0)]
+        # The scan state acts on the verdict in the one cycle it shows, and the scan ends.
+        with m.If(scan_found | scan_failed):
+            m.d.sync += [scan_active.eq(0), scan_found.eq(0), scan_failed.eq(0),
+                         scan_hit.eq(0)]
         with m.If(scan_active):
             m.d.sync += [
                 chunk.eq(Array(bitmap[s].word_select(scan_pos, SCAN_CELLS_PER_CYCLE)
                                for s in spaces)[scan_space]),
                 chunk_pos.eq(scan_pos), chunk_last.eq(scan_pos == chunks[scan_space] - 1),
                 chunk_valid.eq(1), scan_pos.eq(scan_pos + 1)]
-        # Facts of ``scan_need``, registered while the first chunk is fetched: the carried
-        # run a hit at chunk CELL k needs (``need - k - 1``, above any run when need is 0),
-        # and need as one-hot for runs that lie inside one chunk.
+        # Facts of ``scan_need``, registered before the first chunk is evaluated: the
+        # carried run a hit at chunk CELL k needs (``need - k - 1``, above any run when need
+        # is 0), in two stages (the compares and the difference, then the choice, T27), and
+        # need as one-hot for runs that lie inside one chunk.
         limit = max(pad) + 1
         need_before = [Signal(run_w, name=f"scan_need_before{k}")
                        for k in range(SCAN_CELLS_PER_CYCLE)]
         need_is = [Signal(name=f"scan_need_is{n}") for n in range(SCAN_CELLS_PER_CYCLE + 1)]
+        need_zero = Signal(name="scan_need_zero")
+        m.d.sync += need_zero.eq(scan_need == 0)
         for k, before in enumerate(need_before):
-            m.d.sync += before.eq(Mux(scan_need == 0, limit,
-                                      Mux(scan_need <= k + 1, 0,
-                                          Mux(scan_need >= limit + k + 1, limit,
-                                              scan_need - (k + 1)))))
+            small, big = Signal(name=f"scan_need_small{k}"), Signal(name=f"scan_need_big{k}")
+            less = Signal(run_w, name=f"scan_need_less{k}")
+            m.d.sync += [small.eq(scan_need <= k + 1), big.eq(scan_need >= limit + k + 1),
+                         less.eq(scan_need - (k + 1)),
+                         before.eq(Mux(need_zero, limit, Mux(small, 0, Mux(big, limit, less))))]
         for n in range(1, SCAN_CELLS_PER_CYCLE + 1):
             m.d.sync += need_is[n].eq(scan_need == n)
         free = ~chunk
@@ -564,20 +572,26 @@ class TileStore(wiring.Component):
         for k in range(SCAN_CELLS_PER_CYCLE):
             inside = Cat(*(need_is[n] & free[k - n + 1:k + 1].all() for n in range(1, k + 2)))
             m.d.comb += hits[k].eq((free[:k + 1].all() & (run >= need_before[k])) | inside.any())
+        # The hit chunk's CELLs that end a fitting run are registered, and the first of them
+        # a cycle later with ``scan_found`` (T27).
+        hit_cells = Signal(SCAN_CELLS_PER_CYCLE, name="scan_hit_cells")
+        hit_pos = Signal.like(chunk_pos, name="scan_hit_pos")
         first = Signal(range(SCAN_CELLS_PER_CYCLE))
         for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
-            with m.If(hits[k]):
+            with m.If(hit_cells[k]):
                 m.d.comb += first.eq(k)
         trailing = Signal(range(SCAN_CELLS_PER_CYCLE + 1))
         for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
             with m.If(free[k:].all()):
                 m.d.comb += trailing.eq(SCAN_CELLS_PER_CYCLE - k)
-        with m.If(scan_active & chunk_valid & ~scan_found & ~scan_failed):
+        with m.If(scan_active & chunk_valid & ~scan_hit & ~scan_failed):
             m.d.sync += run.eq(Mux(free.all(), run + SCAN_CELLS_PER_CYCLE, trailing))
             with m.If(hits.any()):
-                m.d.sync += [scan_found.eq(1), scan_last.eq(Cat(first, chunk_pos))]
+                m.d.sync += [scan_hit.eq(1), hit_cells.eq(hits), hit_pos.eq(chunk_pos)]
             with m.Elif(chunk_last):
                 m.d.sync += scan_failed.eq(1)
+        with m.If(scan_hit & ~scan_found):     # (a scan ends with scan_found set)
+            m.d.sync += [scan_found.eq(1), scan_last.eq(Cat(first, hit_pos))]
         # One past the run and its first CELL, each one carry chain from registers.
         need_less1 = Signal(run_w)
         m.d.sync += need_less1.eq(scan_need - 1)
@@ -605,19 +619,19 @@ class TileStore(wiring.Component):
         # Bit i: base <= i < end, from two thermometer codes (T14), and which bitmap it sets
         # or clears, registered.
         range_mask = Signal(max(pad), name="mark_mask")
-        mark_sets = Signal(len(spaces), name="mark_sets")
-        mark_clears = Signal(len(spaces), name="mark_clears")
+        # The bitmap a mark changes (one-hot) and whether it sets, each a flip-flop: the
+        # bitmaps' enables and the set / clear select come straight from registers (T27).
+        mark_spaces = Signal(len(spaces), name="mark_spaces")
+        mark_sets = Signal(name="mark_sets")
         m.d.sync += [
             range_mask.eq(_thermometer(m, marking["end"], max(pad), "mark_below_end")
                           & ~_thermometer(m, marking["base"], max(pad), "mark_below_base")),
-            mark_sets.eq(Cat(*((marking["space"] == s) & marking["set"] for s in spaces))),
-            mark_clears.eq(Cat(*((marking["space"] == s) & marking["clear"] for s in spaces)))]
+            mark_spaces.eq(Cat(*((marking["space"] == s) & mark_pending for s in spaces))),
+            mark_sets.eq(marking["set"])]
         for s in spaces:
             mask = range_mask[:pad[s]]
-            with m.If(mark_sets[s]):
-                m.d.sync += bitmap[s].eq(bitmap[s] | mask)
-            with m.If(mark_clears[s]):
-                m.d.sync += bitmap[s].eq(bitmap[s] & ~mask)
+            with m.If(mark_spaces[s]):
+                m.d.sync += bitmap[s].eq(Mux(mark_sets, bitmap[s] | mask, bitmap[s] & ~mask))
 
         # Facts of the host command's register: its entries were read when the command was
         # taken, and the read registers hold them until the command ends.
@@ -647,17 +661,6 @@ class TileStore(wiring.Component):
         def fail(error):
             m.d.comb += [answer.eq(1), answer_error.eq(1), answer_data.eq(error)]
 
-        def write_local(addr, entry):
-            m.d.comb += [l_wr.en.eq(1), l_wr.addr.eq(addr), l_wr.data.eq(entry)]
-
-        def write_shared(addr, entry):
-            m.d.comb += [s_wr.en.eq(1), s_wr.addr.eq(addr), s_wr.data.eq(entry)]
-
-        def set_held(pe, index, bit):
-            for q in range(PE_COUNT):
-                with m.If(pe == q):
-                    m.d.sync += held[q].bit_select(index, 1).eq(bit)
-
         read_flags = Signal()
         # HOST_ISSUE: the payload / flag memory a READ_WORD / READ_FLAGS reads (one-hot),
         # registered in HOST (decision T26).
@@ -674,9 +677,9 @@ class TileStore(wiring.Component):
         cfg_bytes = Signal(32)                  # the new register's share of capacity in use
         clear_pos = Signal(cw + 3)
         clear_end = Signal(cw + 3)
+        clear_last = Signal()                   # CFG_CLEAR's last word: clear_pos + 1 == end
         undef_init = Signal(UNDEFINED_WIDTH)
 
-        new_local = Signal(self.local_entry)
         # Publication in two stages (decision T24): PUBLISH registers the entry of output
         # (walk_pe, walk_j) here; the next cycle writes it, marks the register held and
         # charges its bytes, so the walk's multiplexers end at these registers.
@@ -692,7 +695,6 @@ class TileStore(wiring.Component):
         free_en = Signal()
         free_bytes = Signal(32)
         m.d.sync += free_en.eq(0)
-        new_shared = Signal(self.shared_entry)
         staged_l = data.View(TileDescLayout, stage[:TileDescLayout.size])
         staged_s = data.View(SharedDescLayout, stage[:SharedDescLayout.size])
         popcnt = sum(staged_s.allocation_mask[k] for k in range(4))
@@ -713,6 +715,7 @@ class TileStore(wiring.Component):
         f_bad_space, f_bad_index = Signal(), Signal()   # refused whatever the register
         f_wide = Signal()                       # data does not fit an undefined count
         f_word_addr, f_flag_addr = Signal(ww), Signal(ww)
+        f_space = Signal(len(spaces), name="f_space")   # one-hot: the command's memory
         f_base = Signal(run_w)                  # the register's first CELL
         # The command's own facts, so HOST's choices test single bits (decision T24): the op
         # one-hot (all clear for an unknown op), ``addr`` == k for k < 8, the GPR number out
@@ -759,7 +762,102 @@ class TileStore(wiring.Component):
         read_synth = _implicit_flags(m, cmd.addr, f_pc_cols, f_pc_mask, f_rows, f_cols,
                                      "read_synth")
 
+        # HOST_CHECK registers the outcome of the command's checks from the facts (decision
+        # T27), every cycle: the facts hold from HOST_FACTS to the command's end.  ``h_ok``
+        # bit k: op k passes every check; ``h_err``: the first check that failed, in the
+        # order of the command's description (``docs/hdl-top.md``).  HOST then acts on single
+        # bits, and the register files' write inputs are a multiplexer of registers under
+        # register selects (``host_now``, ``cfg_now``, ``clearing``, ``pub_en``).
+        ops = {op: f_op[op.value] for op in HostOp}
+        not_allocated = (~f_allocated, HostError.NOT_ALLOCATED)
+        checks = {
+            HostOp.DESC_PART: [(~f_addr[:2].any(), HostError.OUT_OF_RANGE)],
+            HostOp.CONFIGURE: [(f_allocated, HostError.ALLOCATED),
+                               (f_cfg_bad, HostError.BAD_DESCRIPTOR),
+                               (f_cfg_big, HostError.NO_SPACE)],
+            HostOp.FREE: [not_allocated],
+            HostOp.WRITE_WORD: [not_allocated, (~f_word_ok, HostError.OUT_OF_RANGE)],
+            HostOp.READ_WORD: [not_allocated, (~f_word_ok, HostError.OUT_OF_RANGE)],
+            HostOp.WRITE_FLAGS: [not_allocated, (~f_flag_ok, HostError.OUT_OF_RANGE)],
+            HostOp.READ_FLAGS: [not_allocated, (~f_flag_ok, HostError.OUT_OF_RANGE),
+                                (f_cube_synth, HostError.NOT_EXPLICIT)],
+            HostOp.SET_UNDEFINED: [not_allocated, (f_wide, HostError.OUT_OF_RANGE)],
+            HostOp.READ_DESC: [
+                (~f_addr[:max(1, DESC_PART_BASE, DESC_PART_UNDEFINED) + 1].any(),
+                 HostError.OUT_OF_RANGE)],
+            HostOp.WRITE_GPR: [(f_gpr_zero | f_gpr_bad, HostError.BAD_INDEX)],
+            HostOp.READ_GPR: [(f_gpr_bad, HostError.BAD_INDEX)],
+            HostOp.WRITE_SYS: [
+                (Cat(*(f_addr[r.value] for r in (SysReg.CAPACITY_IN_USE, SysReg.ALLOCATED,
+                                                 SysReg.BUILD))).any(), HostError.READ_ONLY),
+                (~f_addr[:len(SysReg)].any(), HostError.BAD_INDEX)],
+            HostOp.READ_SYS: [(~f_addr[:len(SysReg)].any(), HostError.BAD_INDEX)],
+        }
+        for op in (HostOp.WRITE_FM, HostOp.READ_FM):
+            checks[op] = [(~is_pe, HostError.BAD_SPACE), not_allocated,
+                          (~f_addr[:FM_PARTS].any(), HostError.OUT_OF_RANGE)]
+        op_errors = []
+        for op in HostOp:
+            error = Const(HostError.NONE.value, HostError.as_shape())
+            for failed, code in reversed(checks.get(op, [])):
+                error = Mux(failed, code, error)
+            op_errors.append(error)
+        error = Mux(f_bad_space, HostError.BAD_SPACE,
+                    Mux(f_bad_index, HostError.BAD_INDEX,
+                        Mux(f_op.any(), _one_hot_select(f_op, op_errors), HostError.BAD_OP)))
+        host_now = Signal()                     # the HOST cycle
+        f_end = f_base + f_cells
+        h_end = Signal(run_w, name="h_end")
+        cfg_now = Signal()                      # the CFG_INSTALL cycle
+        clearing = Signal()                     # CFG_CLEAR
+        h_ok = Signal(len(HostOp), name="h_ok")
+        h_err = Signal(HostError.as_shape(), name="h_err")
+        h_fail, h_value = Signal(name="h_fail"), Signal(name="h_value")
+        h_wr_local, h_wr_shared = Signal(name="h_wr_local"), Signal(name="h_wr_shared")
+        # The entries a FREE, WRITE_FLAGS (of a published output), SET_UNDEFINED or
+        # WRITE_FM writes: a copy of the register's entry, changed by the op.
+        h_local = Signal(self.local_entry, name="h_local", reset_less=True)
+        h_shared = Signal(self.shared_entry, name="h_shared", reset_less=True)
+        passed = Signal(len(HostOp), name="h_passed")
+        m.d.comb += passed.eq(Mux(f_bad_space | f_bad_index, 0, Cat(*(
+            ops[op] & (e == HostError.NONE) for op, e in zip(HostOp, op_errors)))))
+        m.d.sync += [
+            host_now.eq(0), cfg_now.eq(0),
+            h_ok.eq(passed), h_err.eq(error),
+            # The payload and flag word addresses, and FREE's saturated end CELL.
+            f_word_addr.eq((f_base << 4) + cmd.addr), f_flag_addr.eq((f_base << 2) + cmd.addr),
+            h_end.eq(Mux(f_end > max(pad), max(pad), f_end)),
+            h_fail.eq(error != HostError.NONE),
+            h_value.eq(Cat(*(passed[op.value] for op in (
+                HostOp.READ_DESC, HostOp.READ_FM, HostOp.READ_GPR, HostOp.READ_SYS))).any()),
+            h_wr_local.eq(is_pe & Cat(*(passed[op.value] for op in (
+                HostOp.FREE, HostOp.SET_UNDEFINED, HostOp.WRITE_FM))).any()
+                          | passed[HostOp.WRITE_FLAGS.value] & f_synth),
+            h_wr_shared.eq(~is_pe & (passed[HostOp.FREE.value]
+                                     | passed[HostOp.SET_UNDEFINED.value])),
+            h_local.eq(f_local), h_local.undef.eq(Mux(ops[HostOp.SET_UNDEFINED], cmd.data,
+                                                      f_local.undef)),
+            h_local.synth.eq(f_local.synth & ~ops[HostOp.WRITE_FLAGS]),
+            h_local.fm_set.eq(f_local.fm_set
+                              | Mux(ops[HostOp.WRITE_FM], 1 << cmd.addr[:3], 0)),
+            h_shared.eq(se), h_shared.undef.eq(cmd.data),
+        ]
+        with m.If(ops[HostOp.FREE]):
+            m.d.sync += [h_local.eq(0), h_shared.eq(0)]
+
         host_go = self.host_cmd.valid & self.host_enable & ~rsp_valid
+        # The feature-map memory's read address, chosen by registers and ``src_load`` alone:
+        # the sequencer's decisions reach only the read enable (T27).  HOST_READS reads the
+        # command's part (a part number READ_FM refuses reads part 0, inside the memory),
+        # ``src_load`` / ``src_fm_read`` the source's part ``src_fm_part``.
+        reads_now = Signal()                    # the HOST_READS cycle
+        m.d.sync += reads_now.eq(0)
+        host_part = cmd.addr[:3]
+        fm_entry = Mux(reads_now, Cat(idx[:6], space[:2]), Mux(self.src_load, source, src_local))
+        fm_rd_part = Mux(reads_now, Mux(host_part < FM_PARTS, host_part, 0), self.src_fm_part)
+        m.d.comb += fm_rd.addr.eq(Cat(fm_entry, fm_rd_part))
+        with m.If(fm_rd.en):
+            m.d.sync += fm_read_part.eq(fm_rd_part)
         busy = Signal()
         m.d.comb += self.idle.eq(~busy & ~rsp_valid)
 
@@ -776,13 +874,14 @@ class TileStore(wiring.Component):
                         with m.Case(StoreOp.ABORT):
                             m.next = "FREE_PLACED"
                 with m.Elif(self.src_load):
-                    read_local(source), read_fm(source, self.src_fm_part)
+                    read_local(source), read_fm()
                     m.d.sync += [src_latch.eq(1), src.pe.eq(1 << self.src_pe),
                                  src_local.eq(source)]
                 with m.Elif(self.src_fm_read):
-                    read_fm(src_local, self.src_fm_part)
+                    read_fm()
                 with m.Elif(host_go):
                     m.d.comb += self.host_cmd.ready.eq(1)
+                    m.d.sync += reads_now.eq(1)
                     m.next = "HOST_READS"
                 # The command register loads in every idle cycle: it holds the command from
                 # the one that takes it (its fields are read only after, decision T26).
@@ -790,63 +889,17 @@ class TileStore(wiring.Component):
 
             with m.State("HOST_READS"):
                 # The command's entries are read from the command register, and the answer's
-                # source is chosen (T24), a cycle after the take (decision T26).
+                # source is chosen (below, T24), a cycle after the take (decision T26).
                 m.d.comb += busy.eq(1)
                 m.next = "HOST_FACTS"
-                local = Cat(idx[:6], space[:2])
-                # A part number READ_FM refuses reads part 0, inside the memory.
-                part = cmd.addr[:3]
-                read_local(local), read_shared(idx)
-                read_fm(local, Mux(part < FM_PARTS, part, 0))
+                read_local(Cat(idx[:6], space[:2])), read_shared(idx), read_fm()
                 read_gpr(idx[:5])
-                t_pe = is_pe
-                t_desc, t_sys = cmd.op == HostOp.READ_DESC, cmd.op == HostOp.READ_SYS
-                t_addr = [cmd.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
-                sel = {"gpr": cmd.op == HostOp.READ_GPR}
-                for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
-                                   ("undef", DESC_PART_UNDEFINED)):
-                    sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
-                    sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
-                sel["sys"] = t_sys
-                sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
-                              SysReg.CAPACITY_IN_USE: in_use,
-                              SysReg.ALLOCATED: self.alloc.allocated,
-                              SysReg.BUILD: Const(build_info(cfg), 64)}
-                m.d.sync += [
-                    value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
-                    sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
-                                                 [sys_values[r] for r in SysReg])),
-                    fm_sel.eq(Cat(*((cmd.op == HostOp.READ_FM) & t_addr[k]
-                                    for k in range(FM_PARTS))))]
 
             # ---- host commands --------------------------------------------------------
             with m.State("HOST_FACTS"):
+                # The facts (below) are registered from the entries read.
                 m.d.comb += busy.eq(1)
-                m.next = "HOST"
-                m.d.sync += [
-                    f_bad_space.eq(space > MemSpace.SHARED),
-                    f_bad_index.eq(is_pe & (idx >= 64)
-                                   & ~Cat(*(cmd.op == o for o in _UNADDRESSED)).any()),
-                    f_wide.eq(cmd.data >= (1 << UNDEFINED_WIDTH)),
-                    f_allocated.eq(allocated),
-                    f_word_ok.eq(cmd.addr < (reg_cells << 4)),
-                    f_flag_ok.eq(cmd.addr < (reg_cells << 2)),
-                    f_word_addr.eq((reg_base << 4) + cmd.addr),
-                    f_flag_addr.eq((reg_base << 2) + cmd.addr),
-                    f_base.eq(reg_base), f_local.eq(le),
-                    f_op.eq(Cat(*(cmd.op == o for o in HostOp))),
-                    f_addr.eq(Cat(*(cmd.addr == k for k in range(len(f_addr))))),
-                    f_gpr_bad.eq(idx >= GPR_COUNT), f_gpr_zero.eq(idx == 0),
-                    f_cfg_bad.eq(Mux(is_pe, ~staged_l.allocated, staged_s.allocation_mask == 0)
-                                 | (need == 0)),
-                    f_cfg_big.eq(need > Array(Const(c) for c in cells)[space]),
-                    f_cells.eq(reg_cells),
-                    f_owners.eq(Mux(is_pe, 1, sum(se.desc.allocation_mask[k] for k in range(4)))),
-                    f_synth.eq(is_pe & le.synth),
-                    f_cube_synth.eq(is_pe & le.synth & (le.desc.layout != Layout.ROW_MAJOR)),
-                    f_pc_cols.eq(le.desc.phys_cols), f_pc_mask.eq(le.desc.phys_cols - 1),
-                    f_rows.eq(le.desc.valid_rows), f_cols.eq(le.desc.valid_cols),
-                ]
+                m.next = "HOST_CHECK"
                 sources = [value(le, se) for _, value in pe_sources + sh_sources]
                 m.d.sync += [
                     f_value_pe.eq(_one_hot_select(value_sel[:len(pe_sources)],
@@ -858,176 +911,53 @@ class TileStore(wiring.Component):
                 with m.If((fm_sel & le.fm_set).any()):
                     m.d.sync += f_value_fm.eq(fm_rd.data)
 
+            with m.State("HOST_CHECK"):
+                # The checks' outcome (``h_*``) is registered from the facts (T27).
+                m.d.comb += busy.eq(1)
+                m.d.sync += host_now.eq(1)
+                m.next = "HOST"
+
             with m.State("HOST"):
+                # Every choice is a bit registered in HOST_CHECK; the register-file writes
+                # follow from ``host_now`` below, outside the state machine (T27).
                 m.d.comb += busy.eq(1)
                 m.next = "IDLE"
-
-                def op_case(*codes):
-                    return m.Case(*_one_hot_patterns(len(HostOp), *codes))
-
-                def addr_case(*codes):
-                    return m.Case(*_one_hot_patterns(len(f_addr), *codes))
-
-                with m.If(f_bad_space):
-                    fail(HostError.BAD_SPACE)
-                with m.Elif(f_bad_index):
-                    fail(HostError.BAD_INDEX)
+                with m.If(h_fail):
+                    fail(h_err)
+                with m.Elif(h_value):
+                    reply_value()
+                with m.Elif(h_ok[HostOp.CONFIGURE.value]):
+                    m.d.comb += start_scan.eq(1)
+                    m.d.sync += [scan_space.eq(space), scan_need.eq(need),
+                                 cfg_bytes.eq(Mux(is_pe, need << 7, (need << 7) * popcnt)),
+                                 undef_init.eq(Mux(is_pe, undef_l, undef_s))]
+                    m.next = "CFG_SCAN"
+                with m.Elif(h_ok[HostOp.READ_WORD.value]):
+                    m.d.sync += [host_rd_pay.eq(f_space), read_flags.eq(0)]
+                    m.next = "HOST_ISSUE"
+                with m.Elif(h_ok[HostOp.READ_FLAGS.value]):
+                    m.d.sync += [host_rd_flg.eq(f_space), read_flags.eq(1)]
+                    m.next = "HOST_ISSUE"
                 with m.Else():
-                    with m.Switch(f_op):
-                        with op_case(HostOp.NOP):
-                            reply(0)
-                        with op_case(HostOp.DESC_PART):
-                            with m.If(f_addr[0]):
-                                m.d.sync += stage[:64].eq(cmd.data)
-                                reply(0)
-                            with m.Elif(f_addr[1]):
-                                m.d.sync += stage[64:].eq(cmd.data)
-                                reply(0)
-                            with m.Else():
-                                fail(HostError.OUT_OF_RANGE)
-                        with op_case(HostOp.CONFIGURE):
-                            with m.If(f_allocated):
-                                fail(HostError.ALLOCATED)
-                            with m.Elif(f_cfg_bad):
-                                fail(HostError.BAD_DESCRIPTOR)
-                            with m.Elif(f_cfg_big):
-                                fail(HostError.NO_SPACE)
-                            with m.Else():
-                                m.d.comb += start_scan.eq(1)
-                                m.d.sync += [scan_space.eq(space), scan_need.eq(need),
-                                             cfg_bytes.eq(Mux(is_pe, need << 7,
-                                                              (need << 7) * popcnt)),
-                                             undef_init.eq(Mux(is_pe, undef_l, undef_s))]
-                                m.next = "CFG_SCAN"
-                        with op_case(HostOp.FREE):
-                            with m.If(~f_allocated):
-                                fail(HostError.NOT_ALLOCATED)
-                            with m.Else():
-                                # Saturated: the mask then covers the same CELLs as
-                                # base + cells.
-                                end = f_base + f_cells
-                                m.d.comb += [mark_space.eq(space), mark_base.eq(f_base),
-                                             mark_end.eq(Mux(end > max(pad), max(pad), end)),
-                                             mark_clear.eq(1)]
-                                m.d.sync += free_en.eq(1)
-                                with m.If(is_pe):
-                                    write_local(Cat(idx[:6], space[:2]), 0)
-                                    set_held(space[:2], idx[:6], 0)
-                                with m.Else():
-                                    write_shared(idx, 0)
-                                reply(0)
-                        with op_case(HostOp.WRITE_WORD, HostOp.READ_WORD):
-                            addr = f_word_addr
-                            with m.If(~f_allocated):
-                                fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(~f_word_ok):
-                                fail(HostError.OUT_OF_RANGE)
-                            with m.Elif(f_op[HostOp.WRITE_WORD.value]):
-                                write_payload([Mux(space == s, 0xFF, 0) for s in spaces],
-                                              addr, cmd.data)
-                                reply(0)
-                            with m.Else():
-                                m.d.sync += [host_rd_pay.eq(Cat(*(space == s for s in spaces))),
-                                             read_flags.eq(0)]
-                                m.next = "HOST_ISSUE"
-                        with op_case(HostOp.WRITE_FLAGS, HostOp.READ_FLAGS):
-                            addr = f_flag_addr
-                            with m.If(~f_allocated):
-                                fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(~f_flag_ok):
-                                fail(HostError.OUT_OF_RANGE)
-                            with m.Elif(f_op[HostOp.WRITE_FLAGS.value]):
-                                for s in spaces:
-                                    with m.If(space == s):
-                                        m.d.comb += [flg_wr[s].en.eq(1), flg_wr[s].addr.eq(addr),
-                                                     flg_wr[s].data.eq(cmd.data)]
-                                with m.If(f_synth):
-                                    m.d.comb += new_local.eq(f_local)
-                                    m.d.comb += new_local.synth.eq(0)
-                                    write_local(Cat(idx[:6], space[:2]), new_local)
-                                reply(0)
-                            with m.Elif(f_cube_synth):
-                                fail(HostError.NOT_EXPLICIT)
-                            with m.Else():
-                                m.d.sync += [host_rd_flg.eq(Cat(*(space == s for s in spaces))),
-                                             read_flags.eq(1)]
-                                m.next = "HOST_ISSUE"
-                        with op_case(HostOp.SET_UNDEFINED):
-                            with m.If(~f_allocated):
-                                fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(f_wide):
-                                fail(HostError.OUT_OF_RANGE)
-                            with m.Elif(is_pe):
-                                m.d.comb += [new_local.eq(f_local),
-                                             new_local.undef.eq(cmd.data)]
-                                write_local(Cat(idx[:6], space[:2]), new_local)
-                                reply(0)
-                            with m.Else():
-                                m.d.comb += [new_shared.eq(se), new_shared.undef.eq(cmd.data)]
-                                write_shared(idx, new_shared)
-                                reply(0)
-                        with op_case(HostOp.READ_DESC):
-                            with m.If(f_addr[:max(1, DESC_PART_BASE, DESC_PART_UNDEFINED) + 1]
-                                      .any()):
-                                reply_value()
-                            with m.Else():
-                                fail(HostError.OUT_OF_RANGE)
-                        with op_case(HostOp.WRITE_FM, HostOp.READ_FM):
-                            with m.If(~is_pe):
-                                fail(HostError.BAD_SPACE)
-                            with m.Elif(~f_allocated):
-                                fail(HostError.NOT_ALLOCATED)
-                            with m.Elif(~f_addr[:FM_PARTS].any()):
-                                fail(HostError.OUT_OF_RANGE)
-                            with m.Elif(f_op[HostOp.READ_FM.value]):
-                                reply_value()
-                            with m.Else():
-                                # The last part keeps only the descriptor's bits.
-                                part, entry = cmd.addr[:3], Cat(idx[:6], space[:2])
-                                last_bits = FEATURE_MAP_DESCRIPTOR.size - 64 * (FM_PARTS - 1)
-                                m.d.comb += [
-                                    fm_wr.en.eq(1), fm_wr.addr.eq(Cat(entry, part)),
-                                    fm_wr.data.eq(Mux(part == FM_PARTS - 1,
-                                                      cmd.data[:last_bits], cmd.data)),
-                                    new_local.eq(f_local),
-                                    new_local.fm_set.eq(f_local.fm_set | (1 << part)),
-                                ]
-                                write_local(entry, new_local)
-                                reply(0)
-                        with op_case(HostOp.WRITE_GPR):
-                            with m.If(f_gpr_zero | f_gpr_bad):
-                                fail(HostError.BAD_INDEX)
-                            with m.Else():
-                                m.d.comb += [g_wr.en.eq(1), g_wr.addr.eq(idx[:5]),
-                                             g_wr.data.eq(cmd.data),
-                                             g_low_wr.en.eq(1), g_low_wr.addr.eq(idx[:5]),
-                                             g_low_wr.data.eq(cmd.data[:16])]
-                                reply(0)
-                        with op_case(HostOp.READ_GPR):
-                            with m.If(f_gpr_bad):
-                                fail(HostError.BAD_INDEX)
-                            with m.Else():
-                                reply_value()
-                        with op_case(HostOp.WRITE_SYS):
-                            with m.Switch(f_addr):
-                                with addr_case(SysReg.TILE_CAPACITY):
-                                    m.d.sync += capacity.eq(cmd.data)
-                                    reply(0)
-                                with addr_case(SysReg.STATUS):
-                                    m.d.sync += status.eq(cmd.data)
-                                    reply(0)
-                                with addr_case(SysReg.CAPACITY_IN_USE, SysReg.ALLOCATED,
-                                               SysReg.BUILD):
-                                    fail(HostError.READ_ONLY)
-                                with m.Default():
-                                    fail(HostError.BAD_INDEX)
-                        with op_case(HostOp.READ_SYS):
-                            with m.If(f_addr[:len(SysReg)].any()):
-                                reply_value()
-                            with m.Else():
-                                fail(HostError.BAD_INDEX)
-                        with m.Default():
-                            fail(HostError.BAD_OP)
+                    reply(0)
+                with m.If(h_ok[HostOp.DESC_PART.value]):
+                    with m.If(f_addr[0]):
+                        m.d.sync += stage[:64].eq(cmd.data)
+                    with m.If(f_addr[1]):
+                        m.d.sync += stage[64:].eq(cmd.data)
+                with m.If(h_ok[HostOp.FREE.value]):
+                    # Saturated: the mask then covers the same CELLs as base + cells.
+                    m.d.comb += [mark_space.eq(space), mark_base.eq(f_base), mark_end.eq(h_end),
+                                 mark_clear.eq(1)]
+                    m.d.sync += free_en.eq(1)
+                with m.If(h_ok[HostOp.WRITE_WORD.value]):
+                    write_payload([Mux(f_space[s], 0xFF, 0) for s in spaces], f_word_addr,
+                                  cmd.data)
+                with m.If(h_ok[HostOp.WRITE_SYS.value]):
+                    with m.If(f_addr[SysReg.TILE_CAPACITY.value]):
+                        m.d.sync += capacity.eq(cmd.data)
+                    with m.If(f_addr[SysReg.STATUS.value]):
+                        m.d.sync += status.eq(cmd.data)
 
             with m.State("HOST_ISSUE"):
                 # The read HOST chose, from registers (T26).
@@ -1039,8 +969,7 @@ class TileStore(wiring.Component):
                 # row-major output's flags (its valid region, decision T5) wait in HOST_SYNTH
                 # for the implicit-flag pipeline (T24).
                 m.d.comb += busy.eq(1)
-                m.d.sync += [read_word.eq(pay_data), read_flag_word.eq(flg_data),
-                             synth_wait.eq(0)]
+                m.d.sync += synth_wait.eq(0)
                 with m.If(read_flags & f_synth):
                     m.next = "HOST_SYNTH"
                 with m.Else():
@@ -1059,9 +988,9 @@ class TileStore(wiring.Component):
                 m.next = "IDLE"
 
             with m.State("CFG_SCAN"):
-                m.d.comb += [busy.eq(1), scan_active.eq(1)]
+                m.d.comb += busy.eq(1)
                 with m.If(scan_found):
-                    m.d.sync += [cfg_base.eq(scan_base), cfg_end.eq(scan_end),
+                    m.d.sync += [cfg_now.eq(1), cfg_base.eq(scan_base), cfg_end.eq(scan_end),
                                  clear_pos.eq(scan_base << 2), clear_end.eq(scan_end << 2)]
                     m.next = "CFG_INSTALL"
                 with m.Elif(scan_failed):
@@ -1073,27 +1002,18 @@ class TileStore(wiring.Component):
                 m.d.comb += [mark_space.eq(space), mark_base.eq(cfg_base),
                              mark_end.eq(cfg_end), mark_set.eq(1)]
                 m.d.sync += in_use.eq(in_use + cfg_bytes)
+                m.d.sync += [clearing.eq(1), clear_last.eq(0)]
                 with m.If(is_pe):
-                    m.d.comb += [new_local.desc.eq(staged_l), new_local.base.eq(cfg_base),
-                                 new_local.undef.eq(undef_init)]
-                    write_local(Cat(idx[:6], space[:2]), new_local)
-                    set_held(space[:2], idx[:6], 1)
                     m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]] + cfg_bytes)
-                with m.Else():
-                    m.d.comb += [new_shared.desc.eq(staged_s), new_shared.base.eq(cfg_base),
-                                 new_shared.undef.eq(undef_init)]
-                    write_shared(idx, new_shared)
                 m.next = "CFG_CLEAR"
 
             with m.State("CFG_CLEAR"):
                 # The new register's flags start undefined, one flag word per cycle.
                 m.d.comb += busy.eq(1)
-                for s in spaces:
-                    with m.If(space == s):
-                        m.d.comb += [flg_wr[s].en.eq(1), flg_wr[s].addr.eq(clear_pos),
-                                     flg_wr[s].data.eq(0)]
-                m.d.sync += clear_pos.eq(clear_pos + 1)
-                with m.If(clear_pos + 1 == clear_end):
+                m.d.sync += [clear_pos.eq(clear_pos + 1),
+                             clear_last.eq(clear_pos + 2 == clear_end)]
+                with m.If(clear_last):
+                    m.d.sync += clearing.eq(0)
                     reply(cfg_base)
                     m.next = "IDLE"
 
@@ -1110,11 +1030,12 @@ class TileStore(wiring.Component):
                     self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
 
             with m.State("PLACE_SCAN"):
-                m.d.comb += [busy.eq(1), scan_active.eq(1)]
+                m.d.comb += busy.eq(1)
                 with m.If(scan_found):
                     m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(scan_base),
                                  mark_end.eq(scan_end), mark_set.eq(1)]
                     m.d.sync += [bases[walk_pe][walk_j].eq(scan_base),
+                                 ends[walk_pe][walk_j].eq(scan_end),
                                  placed.bit_select(Cat(walk_j, walk_pe), 1).eq(1)]
                     self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
                 with m.Elif(scan_failed):
@@ -1129,32 +1050,17 @@ class TileStore(wiring.Component):
             with m.State("FREE_PLACED"):
                 m.d.comb += busy.eq(1)
                 with m.If(placed.bit_select(Cat(walk_j, walk_pe), 1)):
-                    base = bases[walk_pe][walk_j]
-                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(base),
-                                 mark_end.eq(base + out_cells[walk_j]), mark_clear.eq(1)]
+                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(bases[walk_pe][walk_j]),
+                                 mark_end.eq(ends[walk_pe][walk_j]), mark_clear.eq(1)]
                 self._advance(m, walk_pe, walk_j, "FREE_PLACED", "PLACE_END")
 
             # ---- publication ----------------------------------------------------------
             with m.State("PUBLISH"):
+                # The entry of output (walk_pe, walk_j) is registered in every cycle (below);
+                # PUBLISH only says whether it is written.
                 m.d.comb += busy.eq(1)
-                o = outs[walk_j]
-                g = plan.d_geometry[walk_pe]
-                role = o.role
                 with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
-                    d = pub_entry.desc
-                    is_d = role == OutputRole.D
-                    m.d.sync += [
-                        pub_en.eq(1), pub_pe.eq(walk_pe), pub_index.eq(o.index),
-                        pub_bytes.eq(out_cells[walk_j] << 7),
-                        pub_entry.eq(0),
-                        d.allocated.eq(1), d.dtype.eq(o.dtype),
-                        d.layout.eq(Mux(is_d, g.layout, Layout.ROW_MAJOR)),
-                        d.location.eq(Mux((role == OutputRole.D) | (role == OutputRole.IMG2COL),
-                                          TileLocation.MATRIX, TileLocation.ANY)),
-                        d.cells.eq(out_cells[walk_j]), d.valid_rows.eq(o.rows),
-                        d.valid_cols.eq(o.cols), d.phys_cols.eq(Mux(is_d, 0, o.phys_cols)),
-                        pub_entry.base.eq(bases[walk_pe][walk_j]), pub_entry.synth.eq(1),
-                    ]
+                    m.d.sync += pub_en.eq(1)
                 with m.If((walk_pe == PE_COUNT - 1) & (walk_j == 2)):
                     m.d.sync += status.eq(status | self.flags)
                 self._advance(m, walk_pe, walk_j, "PUBLISH", "PUBLISH_END")
@@ -1164,16 +1070,133 @@ class TileStore(wiring.Component):
                 m.d.comb += busy.eq(1)
                 m.next = "PLACE_END"
 
+        # The answer's source and a system register's value, and the words a READ_WORD /
+        # READ_FLAGS reads (in HOST_READ, for HOST_REPLY), are registered in every cycle,
+        # without an enable, like the facts below: the command register and the system
+        # registers hold while a command uses them (T27).
+        m.d.sync += [read_word.eq(pay_data), read_flag_word.eq(flg_data)]
+        t_pe = is_pe
+        t_desc, t_sys = cmd.op == HostOp.READ_DESC, cmd.op == HostOp.READ_SYS
+        t_addr = [cmd.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
+        sel = {"gpr": cmd.op == HostOp.READ_GPR}
+        for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
+                           ("undef", DESC_PART_UNDEFINED)):
+            sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
+            sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
+        sel["sys"] = t_sys
+        sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
+                      SysReg.CAPACITY_IN_USE: in_use,
+                      SysReg.ALLOCATED: self.alloc.allocated,
+                      SysReg.BUILD: Const(build_info(cfg), 64)}
+        m.d.sync += [
+            value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
+            sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
+                                         [sys_values[r] for r in SysReg])),
+            fm_sel.eq(Cat(*((cmd.op == HostOp.READ_FM) & t_addr[k]
+                            for k in range(FM_PARTS))))]
+
+        # The facts are registered in every cycle, without an enable: their inputs (the
+        # command register, the read registers, the staged descriptor) hold from HOST_FACTS
+        # while the command uses them, and nothing uses them outside a command (T27).
+        m.d.sync += [
+            f_bad_space.eq(space > MemSpace.SHARED),
+            f_space.eq(Cat(*(space == s for s in spaces))),
+            f_bad_index.eq(is_pe & (idx >= 64)
+                           & ~Cat(*(cmd.op == o for o in _UNADDRESSED)).any()),
+            f_wide.eq(cmd.data >= (1 << UNDEFINED_WIDTH)),
+            f_allocated.eq(allocated),
+            # One compare per table, then the choice: no multiplexer between the
+            # block RAMs' outputs and the carry chains (T27).
+            f_word_ok.eq(Mux(is_pe, cmd.addr < (le.desc.cells << 4),
+                             cmd.addr < (se.desc.cells << 4))),
+            f_flag_ok.eq(Mux(is_pe, cmd.addr < (le.desc.cells << 2),
+                             cmd.addr < (se.desc.cells << 2))),
+            f_base.eq(reg_base), f_local.eq(le),
+            f_op.eq(Cat(*(cmd.op == o for o in HostOp))),
+            f_addr.eq(Cat(*(cmd.addr == k for k in range(len(f_addr))))),
+            f_gpr_bad.eq(idx >= GPR_COUNT), f_gpr_zero.eq(idx == 0),
+            f_cfg_bad.eq(Mux(is_pe, ~staged_l.allocated, staged_s.allocation_mask == 0)
+                         | (need == 0)),
+            f_cfg_big.eq(need > Array(Const(c) for c in cells)[space]),
+            f_cells.eq(reg_cells),
+            f_owners.eq(Mux(is_pe, 1, sum(se.desc.allocation_mask[k] for k in range(4)))),
+            f_synth.eq(is_pe & le.synth),
+            f_cube_synth.eq(is_pe & le.synth & (le.desc.layout != Layout.ROW_MAJOR)),
+            f_pc_cols.eq(le.desc.phys_cols), f_pc_mask.eq(le.desc.phys_cols - 1),
+            f_rows.eq(le.desc.valid_rows), f_cols.eq(le.desc.valid_cols),
+        ]
         m.d.sync += free_bytes.eq((f_cells << 7) * f_owners)
+        # Publication's first stage, without an enable (T27): its registers are read only
+        # with ``pub_en``.
+        o = outs[walk_j]
+        g = plan.d_geometry[walk_pe]
+        role = o.role
+        d = pub_entry.desc
+        is_d = role == OutputRole.D
+        m.d.sync += [
+            pub_pe.eq(walk_pe), pub_index.eq(o.index), pub_bytes.eq(out_cells[walk_j] << 7),
+            pub_entry.eq(0),
+            d.allocated.eq(1), d.dtype.eq(o.dtype),
+            d.layout.eq(Mux(is_d, g.layout, Layout.ROW_MAJOR)),
+            d.location.eq(Mux((role == OutputRole.D) | (role == OutputRole.IMG2COL),
+                              TileLocation.MATRIX, TileLocation.ANY)),
+            d.cells.eq(out_cells[walk_j]), d.valid_rows.eq(o.rows),
+            d.valid_cols.eq(o.cols), d.phys_cols.eq(Mux(is_d, 0, o.phys_cols)),
+            pub_entry.base.eq(bases[walk_pe][walk_j]), pub_entry.synth.eq(1),
+        ]
         with m.If(free_en):
             m.d.sync += in_use.eq(in_use - free_bytes)
             for p in range(PE_COUNT):
                 with m.If(is_pe & (space[:2] == p)):
                     m.d.sync += pe_bytes[p].eq(pe_bytes[p] - free_bytes)
+        # The register files' writes (T27): HOST's (``host_now``), CONFIGURE's entry in
+        # CFG_INSTALL (``cfg_now``) and its flag words' clearing in CFG_CLEAR (``clearing``),
+        # and publication's second stage (``pub_en``), multiplexers of registers under
+        # register selects.  Writes land when they did before T27.
+        cfg_local = Signal(self.local_entry, name="cfg_local")
+        cfg_shared = Signal(self.shared_entry, name="cfg_shared")
+        fm_part_no = cmd.addr[:3]
+        last_bits = FEATURE_MAP_DESCRIPTOR.size - 64 * (FM_PARTS - 1)
+        m.d.comb += [
+            cfg_local.desc.eq(staged_l), cfg_local.base.eq(cfg_base),
+            cfg_local.undef.eq(undef_init),
+            cfg_shared.desc.eq(staged_s), cfg_shared.base.eq(cfg_base),
+            cfg_shared.undef.eq(undef_init),
+            l_wr.en.eq(pub_en | (host_now & h_wr_local) | (cfg_now & is_pe)),
+            l_wr.addr.eq(Mux(pub_en, Cat(pub_index, pub_pe), Cat(idx[:6], space[:2]))),
+            l_wr.data.eq(Mux(pub_en, pub_entry, Mux(cfg_now, cfg_local, h_local))),
+            s_wr.en.eq((host_now & h_wr_shared) | (cfg_now & ~is_pe)),
+            s_wr.addr.eq(idx), s_wr.data.eq(Mux(cfg_now, cfg_shared, h_shared)),
+            # The last part keeps only the descriptor's bits.
+            fm_wr.en.eq(host_now & h_ok[HostOp.WRITE_FM.value]),
+            fm_wr.addr.eq(Cat(idx[:6], space[:2], fm_part_no)),
+            fm_wr.data.eq(Mux(fm_part_no == FM_PARTS - 1, cmd.data[:last_bits], cmd.data)),
+            g_wr.en.eq(host_now & h_ok[HostOp.WRITE_GPR.value]), g_wr.addr.eq(idx[:5]),
+            g_wr.data.eq(cmd.data),
+            g_low_wr.en.eq(host_now & h_ok[HostOp.WRITE_GPR.value]),
+            g_low_wr.addr.eq(idx[:5]), g_low_wr.data.eq(cmd.data[:16]),
+        ]
+        flag_write = (host_now & h_ok[HostOp.WRITE_FLAGS.value]) | clearing
+        for s in spaces:
+            m.d.comb += [flg_wr[s].en.eq(flag_write & f_space[s]),
+                         flg_wr[s].addr.eq(Mux(clearing, clear_pos, f_flag_addr)),
+                         flg_wr[s].data.eq(Mux(clearing, 0, cmd.data))]
+        # A Local write that allocates or frees marks the register held or not a cycle after
+        # the write, from a registered request (T27): the bitmaps' enables are a decode of
+        # flip-flops.  The change lands before any agent may read them (the response or
+        # ``req_done`` is pending meanwhile).
+        held_en, held_bit = Signal(name="held_en"), Signal(name="held_bit")
+        held_pe, held_index = Signal(2, name="held_pe"), Signal(6, name="held_index")
+        m.d.sync += [held_en.eq(pub_en | (host_now & h_ok[HostOp.FREE.value] & is_pe)
+                                | (cfg_now & is_pe)),
+                     held_pe.eq(Mux(pub_en, pub_pe, space[:2])),
+                     held_index.eq(Mux(pub_en, pub_index, idx[:6])), held_bit.eq(~host_now)]
+        with m.If(held_en):
+            for q in range(PE_COUNT):
+                with m.If(held_pe == q):
+                    m.d.sync += held[q].bit_select(held_index, 1).eq(held_bit)
         # Publication's second stage, the cycle after PUBLISH formed the entry (T24).
         with m.If(pub_en):
-            write_local(Cat(pub_index, pub_pe), pub_entry)
-            set_held(pub_pe, pub_index, 1)
             for p in range(PE_COUNT):
                 with m.If(pub_pe == p):
                     m.d.sync += pe_bytes[p].eq(pe_bytes[p] + pub_bytes)

@@ -25,7 +25,7 @@ from ptocube.hdl.tile_store import (IMPLICIT_CYCLES, StoreOp, TileStore, _implic
 from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout
 from ptocube.model.scenario import parse_scenario
-from ptocube.model.state import Tile
+from ptocube.model.state import SharedTile, Tile
 from ptocube.sim.host import _flag_words, load_state, run_async, stream_request, tile_words
 
 CONFIG = CubeConfig(tile_bytes_per_pe=8192, shared_bytes=4096)
@@ -406,6 +406,66 @@ def test_feature_map_parts_are_written_alone():
     assert reads["new"] == [0] * FM_PARTS and reads["again"] == [0] * FM_PARTS
     assert reads["first"] == cut and cut[-1] != first[-1]
     assert reads["second"] == cut[:2] + [second] + cut[3:]
+
+
+def test_writes_are_read_at_once():
+    """Every register-file write is seen by a read of the same entry in the first cycle an
+    agent may read after it (decision T27): the next host command, or a preflight read the
+    cycle after the response."""
+    one = Tile.from_raw(DataType.S8, Layout.ROW_MAJOR, [[1, 2], [3, 4]], 1024)
+    shared = encode_shared(SharedTile(Tile.from_raw(DataType.S32, Layout.ROW_MAJOR, [[1]], 1024)))
+    seen = {}
+
+    async def bench(ctx, store, transact):
+        async def tile_rd(pe, index):
+            ctx.set(store.tile_rd.en, 1)
+            ctx.set(store.tile_rd.pe, pe)
+            ctx.set(store.tile_rd.index, index)
+            await ctx.tick()
+            ctx.set(store.tile_rd.en, 0)
+            return ctx.get(store.tile_rd.desc.allocated), ctx.get(store.tile_rd.defined)
+
+        async def shared_rd(sid):
+            ctx.set(store.shared_rd.en, 1)
+            ctx.set(store.shared_rd.sid, sid)
+            await ctx.tick()
+            ctx.set(store.shared_rd.en, 0)
+            return ctx.get(store.shared_rd.defined)
+
+        async def do(cmd):
+            rsp = await transact(ctx, cmd)
+            assert rsp.ok, (cmd, rsp)
+            return rsp.data
+
+        for part, word in enumerate(split_parts(encode_tile(one), 2)):
+            await do(HostCommand(HostOp.DESC_PART, addr=part, data=word))
+        await do(HostCommand(HostOp.CONFIGURE, 1, 3))
+        seen["configured"] = await tile_rd(1, 3)
+        await do(HostCommand(HostOp.SET_UNDEFINED, 1, 3, data=0))
+        seen["defined"] = await tile_rd(1, 3)
+        await do(HostCommand(HostOp.SET_UNDEFINED, 1, 3, data=3))
+        seen["undef"] = await do(HostCommand(HostOp.READ_DESC, 1, 3, 3))
+        await do(HostCommand(HostOp.WRITE_FM, 1, 3, 2, 0x1234))
+        seen["fm"] = await do(HostCommand(HostOp.READ_FM, 1, 3, 2))
+        await do(HostCommand(HostOp.WRITE_FLAGS, 1, 3, 1, 0xF0))
+        seen["flags"] = await do(HostCommand(HostOp.READ_FLAGS, 1, 3, 1))
+        await do(HostCommand(HostOp.WRITE_GPR, index=7, data=0x55))
+        seen["gpr"] = await do(HostCommand(HostOp.READ_GPR, index=7))
+        await do(HostCommand(HostOp.FREE, 1, 3))
+        seen["freed"] = await tile_rd(1, 3)
+        for part, word in enumerate(split_parts(shared, 2)):
+            await do(HostCommand(HostOp.DESC_PART, addr=part, data=word))
+        await do(HostCommand(HostOp.CONFIGURE, 4, 7))
+        await do(HostCommand(HostOp.SET_UNDEFINED, 4, 7, data=0))
+        seen["shared"] = await shared_rd(7)
+        await do(HostCommand(HostOp.FREE, 4, 7))
+        seen["shared_freed"] = await do(HostCommand(HostOp.READ_DESC, 4, 7, 0))
+
+    _run(bench)
+    assert seen["configured"] == (1, 0) and seen["defined"] == (1, 1)
+    assert seen["undef"] == 3 and seen["fm"] == 0x1234 and seen["flags"] == 0xF0
+    assert seen["gpr"] == 0x55 and seen["freed"] == (0, 0)
+    assert seen["shared"] == 1 and seen["shared_freed"] == 0
 
 
 # ---------------------------------------------------------------------------
