@@ -36,7 +36,7 @@ the :class:`~ptocube.hdl.img2col_engine.Img2ColEngine`'s, which checks them firs
 each per-PE job (:func:`img2col_job` builds the job from the plan and the source register).
 
 Reads are pipelined: each cycle a phase issues one read (into request registers), and each
-read's check is due six cycles later (a response pipeline that splits the shape rules over
+read's check is due seven cycles later (a response pipeline that splits the shape rules over
 registers), so a fault found in a response preempts whatever the phase does in that cycle; a
 phase waits for its reads' checks to be due before the next phase checks anything, which
 keeps the model's order.  The facts of the held record are registers too.  Every phase moves
@@ -147,12 +147,12 @@ class _Pend(enum.Enum, shape=4):
 
 
 #: Cycles a phase waits after its last read before the next phase checks anything: a read
-#: issued in cycle t is on the port in t+1 (the request registers) and checked in t+6 (the
+#: issued in cycle t is on the port in t+1 (the request registers) and checked in t+7 (the
 #: response pipeline), the next phase's first cycle, where that check has priority - the
 #: model's order is kept.  Counted, not read off
 #: the pipeline, so that every waiting phase ends within a fixed number of cycles (the
 #: formal proof's ranking cannot wrap around).
-_DRAIN = 4
+_DRAIN = 5
 
 #: Roles of the per-PE slots of the POST phase (slot = pe * 8 + role): each vector tile's
 #: descriptor, then its N words (issued from the same slot).
@@ -302,7 +302,7 @@ def _no_cut(value, name):
 
 
 def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared, name,
-                   cut=_no_cut, cut_rows=_no_cut):
+                   cut=_no_cut, cut_rows=_no_cut, cut_legal=_no_cut):
     """The row-major descriptor rule of :func:`ptocube.model.layout.ordinary_shape_legal`.
 
     ``cells`` is the capacity in CELLs, legal from 1 to 512 (64 KiB; ``shared``: 2048, 256
@@ -312,7 +312,8 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     ``cut(value, name)`` is applied to every value that crosses the middle of the rule: the
     identity (combinational), or a register (:class:`Preflight` splits it over two cycles).
     ``cut_rows`` likewise, after the shifts that form the row and element counts and before
-    the compares (:func:`img2col_job` splits the rule over three cycles).
+    the compares (:func:`img2col_job` splits the rule over three cycles); ``cut_legal`` on
+    each term of the final AND (the preflight's response pipeline splits it over four).
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     pow2 = (phys_cols != 0) & ((phys_cols & (phys_cols - 1)) == 0)
@@ -348,19 +349,25 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
         cut_rows(v, f"{name}_{k}_cut_rows") for k, v in (
             ("early", early), ("divisible", divisible), ("rows", rows),
             ("valid_rows", valid_rows), ("elements", elements)))
+    # ``rows`` fits 16 bits and holds ``valid_rows``: the high bits' zero test and one
+    # 16-bit comparison instead of two 22-bit ones.
+    terms = (early, divisible, rows[16:] == 0, valid_rows <= rows[:16])
     legal = Signal(name=f"{name}_legal")
-    m.d.comb += legal.eq(early & divisible & (rows <= 65535) & (valid_rows <= rows))
+    m.d.comb += legal.eq(Cat(*(cut_legal(v, f"{name}_term{i}_cut_legal")
+                               for i, v in enumerate(terms))).all())
     return legal, elements
 
 
-def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_need=_no_cut):
+def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_need=_no_cut,
+               cut_legal=_no_cut):
     """The CUBE descriptor shape rule of :func:`ptocube.model.layout.cube_shape_legal`.
 
     A CUBE layout and a CUBE type, ``rows`` x ``cols`` both nonzero, M within the CELL
     height of an M layout, storage within the 32768-element model bound and the CELLs
     within ``cells`` (itself 1..512).  Returns ``(legal, cells_needed, cell_cols)``;
     ``cut`` as in :func:`ordinary_shape`, before the CELL-count product, ``cut_need`` after
-    it (a multiplier's input and output registers).
+    it (a multiplier's input and output registers), ``cut_legal`` on each term of the final
+    AND.
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     supported = _in_set(dtype, [t for t in DataType if cube_dtype_supported(t)])
@@ -401,17 +408,26 @@ def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_ne
             ("early", early), ("n8", n8), ("k_rep_n8", k_rep_n8), ("n_rep", n_rep),
             ("sh_m", sh_m), ("cols", cols), ("limit", limit), ("cells", cells),
             ("cell_cols", cell_cols)))
+    # Only the shifts of the supported types' element widths (a choice of 5 quotients,
+    # not 8: the others fail ``early``).
     k_rep_m = Signal(16, name=f"{name}_k_rep_m")
     with m.Switch(sh_m):
-        for sh in range(8):
+        log2_bits = {t.bits.bit_length() - 1 for t in DataType if cube_dtype_supported(t)}
+        for sh in sorted({s for lb in log2_bits for s in (6 - lb, 5 - lb)}):
             with m.Case(sh):
                 m.d.comb += k_rep_m.eq(ceil_shift(cols, sh))
     need = Signal(30, name=f"{name}_cells_needed")
     m.d.comb += need.eq(Mux(n8, k_rep_n8 * n_rep, k_rep_m))
-    early, need, limit, cells = (cut_need(v, f"{name}_{k}_cut_need") for k, v in (
-        ("early", early), ("need", need), ("limit", limit), ("cells", cells)))
+    # Within both bounds: within the lower one, chosen before ``cut_need`` (both fit 13
+    # bits), so that one comparison follows it.
+    bound = Signal(13, name=f"{name}_bound")
+    m.d.comb += bound.eq(Mux(limit <= cells, limit, cells))
+    early, need, bound = (cut_need(v, f"{name}_{k}_cut_need") for k, v in (
+        ("early", early), ("need", need), ("bound", bound)))
+    terms = (early, need[13:] == 0, need[:13] <= bound)
     legal = Signal(name=f"{name}_legal")
-    m.d.comb += legal.eq(early & (need <= limit) & (need <= cells))
+    m.d.comb += legal.eq(Cat(*(cut_legal(v, f"{name}_term{i}_cut_legal")
+                               for i, v in enumerate(terms))).all())
     return legal, need, cell_cols
 
 
@@ -731,8 +747,12 @@ class Preflight(wiring.Component):
             m.d.comb += [getattr(port, k).eq(v) for k, v in req[name].items()]
         # The record handshake ends in a flag, not in the phase: ``record.valid`` comes from
         # deep in the decoder and the host interface (issue #9).  IDLE with ``accepted`` is the
-        # first cycle of the record's check (the pass-through bits).
+        # first cycle of the record's check (the pass-through bits).  ``ready`` is a register
+        # too (IDLE without ``accepted``) and the held record follows the payload in every
+        # cycle it is high, so that the record's 309 clock enables come from a flip-flop, not
+        # from ``valid`` (issue #9): only the record taken stays.
         accepted = Signal(name="accepted")
+        ready = Signal(name="record_ready", init=1)
         pend = Signal(_Pend, name="pend")                 # check due on this cycle's response
         pend_pe = Signal(2, name="pend_pe")
         pend_slot = Signal(2, name="pend_slot")
@@ -799,6 +819,9 @@ class Preflight(wiring.Component):
                                xc.n_slots + _DRAIN,
                                Mux(b.ior_valid & xc.is_img2col, 3, 0)), "ior_end")
         dn_last = _reg(fm, dn - 1, "dn_last")
+        # For ``stay`` one word ahead: ``word + 1 < dn_last`` is ``word < dn_before_last``.
+        dn_before_last = _reg(fm, Mux(dn_last == 0, 0, dn_last - 1), "dn_before_last")
+        dn_several = _reg(fm, dn_last != 0, "dn_several")
         shared_end = _reg(fm, x.sc + _DRAIN, "shared_end")      # SHARED_RUN's reads, drained
         dm_le16 = _reg(fm, dm <= 16, "dm_le16")
         dm_le32 = _reg(fm, dm <= 32, "dm_le32")
@@ -810,10 +833,11 @@ class Preflight(wiring.Component):
         # compared with the expected shape (registered from ``pend`` in t+1) and the first
         # third of the shape rules is computed; in t+3 (stage 1, ``pend1``) the check of the
         # read's kind is chosen into ``pend2_ok``, with the CUBE CELL count's product and the
-        # ordinary rule's shifts; in t+4 (stage 2) their comparisons complete it into
-        # ``pend3_ok``, which the FSM obeys in t+5.  Checks stay in read order; a phase moves
-        # on to a checking phase only :data:`_DRAIN` cycles after its last read, when every
-        # read's check is due by its first cycle.
+        # ordinary rule's shifts; in t+4 (stage 2) their comparisons are registered term by
+        # term, and in t+5 (stage 3) their AND completes the check into ``pend4_ok``, which
+        # the FSM obeys in t+6.  Checks stay in read order; a phase moves on to a checking
+        # phase only :data:`_DRAIN` cycles after its last read, when every read's check is
+        # due by its first cycle.
         pend0 = Signal(_Pend, name="pend0")
         pend0_pe = Signal(2, name="pend0_pe")
         pend0_slot = Signal(2, name="pend0_slot")
@@ -823,22 +847,33 @@ class Preflight(wiring.Component):
         pend1_slot = Signal(2, name="pend1_slot")
         pend2_pe = Signal(2, name="pend2_pe")
         pend2_ok = Signal(name="pend2_ok", init=1)
+        pend2_param_ok = Signal(name="pend2_param_ok", init=1)
         pend2_cube = Signal(name="pend2_cube")
         pend2_ord = Signal(name="pend2_ord")
         pend2_check = Signal(Check, name="pend2_check")
         pend3_pe = Signal(2, name="pend3_pe")
         pend3_ok = Signal(name="pend3_ok", init=1)
+        pend3_cube = Signal(name="pend3_cube")
+        pend3_ord = Signal(name="pend3_ord")
         pend3_check = Signal(Check, name="pend3_check")
+        pend4_pe = Signal(2, name="pend4_pe")
+        pend4_ok = Signal(name="pend4_ok", init=1)
+        pend4_check = Signal(Check, name="pend4_check")
         with m.If(phase == Phase.IDLE):
             m.d.sync += [pend0.eq(_Pend.NONE), pend1.eq(_Pend.NONE), pend2_ok.eq(1),
-                         pend2_cube.eq(0), pend2_ord.eq(0), pend3_ok.eq(1)]
+                         pend2_param_ok.eq(1),
+                         pend2_cube.eq(0), pend2_ord.eq(0), pend3_ok.eq(1), pend3_cube.eq(0),
+                         pend3_ord.eq(0), pend4_ok.eq(1)]
         with m.Else():
             m.d.sync += [pend0.eq(pend), pend0_pe.eq(pend_pe), pend0_slot.eq(pend_slot),
                          pend0_zero.eq(pend_zero),
                          pend1.eq(pend0), pend1_pe.eq(pend0_pe), pend1_slot.eq(pend0_slot),
                          pend2_pe.eq(pend1_pe),
-                         pend3_pe.eq(pend2_pe), pend3_check.eq(pend2_check)]
-        pend_ok, pend_check, pend_pe_due = pend3_ok, pend3_check, pend3_pe
+                         pend3_pe.eq(pend2_pe), pend3_check.eq(pend2_check),
+                         pend3_ok.eq(pend2_ok & pend2_param_ok), pend3_cube.eq(pend2_cube),
+                         pend3_ord.eq(pend2_ord),
+                         pend4_pe.eq(pend3_pe), pend4_check.eq(pend3_check)]
+        pend_ok, pend_check, pend_pe_due = pend4_ok, pend4_check, pend4_pe
 
         # t+1: the answers, registered; and what the answer must show, from ``pend``.
         desc, sdesc = Signal(TileDescLayout, name="desc_r"), Signal(SharedDescLayout,
@@ -890,8 +925,9 @@ class Preflight(wiring.Component):
         ord_in = {k: Signal(w, name=f"ord_{k}") for k, w in (
             ("dtype", 5), ("cells", 12), ("phys_cols", 16), ("valid_rows", 16),
             ("valid_cols", 16), ("shared", 1))}
-        ord_legal, _ = ordinary_shape(sm, name="ord", cut=cut, cut_rows=cut, **ord_in)
-        cube_legal, _, _ = cube_shape(sm, name="cube", cut=cut, cut_need=cut,
+        ord_legal, _ = ordinary_shape(sm, name="ord", cut=cut, cut_rows=cut, cut_legal=cut,
+                                      **ord_in)
+        cube_legal, _, _ = cube_shape(sm, name="cube", cut=cut, cut_need=cut, cut_legal=cut,
                                       layout=desc.layout, dtype=desc.dtype,
                                       rows=desc.valid_rows, cols=desc.valid_cols,
                                       cells=desc.cells)
@@ -911,14 +947,15 @@ class Preflight(wiring.Component):
         with m.If(pend0 == _Pend.GPR):
             m.d.sync += r.gpr_val[pend0_slot[0]].eq(gpr_word)
         # One parameter check per source of words, stage 1 chooses (a choice of the word in
-        # front of the checks' zero tests was their longest path, issue #9).
+        # front of the checks' zero tests was their longest path, issue #9).  The checks
+        # register the words' field tests and apply the mode after them (in one piece, the
+        # mode's table and the 64-bit zero tests were 7 levels).
         param_ok = {}
         for src, word_in in (("gpr", gpr_word), ("word", word_data)):
-            m.submodules[f"param_{src}"] = param = ParamCheck(cfg)
+            m.submodules[f"param_{src}"] = param = ParamCheck(cfg, registered=True)
             m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word_in),
                          param.alpha.eq(word_in)]
-            param_ok[src] = (_reg(sm, param.quant_ok, f"{src}_quant_ok_q"),
-                             _reg(sm, param.alpha_ok, f"{src}_alpha_ok_q"))
+            param_ok[src] = (param.quant_ok, param.alpha_ok)
         # A's layout (C's when A is Shared) is D's on that PE; kept from the answer so that
         # C's rule, read the cycle after A on the same PE, can compare with it.
         with m.If((pend0 == _Pend.A) | ((pend0 == _Pend.C) & ~x.a_local)):
@@ -953,35 +990,38 @@ class Preflight(wiring.Component):
         # Stage 1: the check of the read's kind.
         ok = Signal(name="pend1_ok", init=1)
         check = Signal(Check, name="pend1_check")
+        # The parameter words' checks apart, into ``pend2_param_ok`` (their mode's choice
+        # comes after their registers, ``ParamCheck``).
+        param = Signal(name="pend1_param_ok", init=1)
         with m.Switch(pend1):
             with m.Case(_Pend.GPR):
                 alpha_slot = (pend1_slot == 1) | ~x.scalar_quant
                 m.d.comb += [check.eq(Check.BINDINGS),
-                             ok.eq(x.is_img2col | Mux(alpha_slot, param_ok["gpr"][1],
-                                                      param_ok["gpr"][0]))]
+                             param.eq(x.is_img2col | Mux(alpha_slot, param_ok["gpr"][1],
+                                                         param_ok["gpr"][0]))]
             with m.Case(_Pend.SHARED):
                 m.d.comb += [check.eq(Check.SHARED), ok.eq(shared_ok)]
             with m.Case(_Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC):
                 m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(ordinary_ok)]
             with m.Case(_Pend.QWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param_ok["word"][0])]
+                m.d.comb += [check.eq(Check.POSTPROCESS), param.eq(param_ok["word"][0])]
             with m.Case(_Pend.AWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param_ok["word"][1])]
+                m.d.comb += [check.eq(Check.POSTPROCESS), param.eq(param_ok["word"][1])]
             with m.Case(_Pend.A, _Pend.C, _Pend.B):
                 m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(cube_ok)]
             with m.Case(_Pend.SA, _Pend.SB, _Pend.BIAS):
                 m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(ordinary_ok)]
-        # Stage 2: the shape rules' comparisons (``cube_legal``, ``ord_legal``: two registers
-        # deep), for the kinds whose rule they are.
+        # Stages 2 and 3: the shape rules' comparisons, each registered, then their AND
+        # (``cube_legal``, ``ord_legal``), for the kinds whose rule they are.
         with m.If(phase != Phase.IDLE):
-            m.d.sync += [pend2_ok.eq(ok), pend2_check.eq(check),
+            m.d.sync += [pend2_ok.eq(ok), pend2_param_ok.eq(param), pend2_check.eq(check),
                          pend2_cube.eq((pend1 == _Pend.A) | (pend1 == _Pend.B)
                                        | (pend1 == _Pend.C)),
                          pend2_ord.eq(_in_set(pend1, [k.value for k in (
                              _Pend.SHARED, _Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC, _Pend.SA,
                              _Pend.SB, _Pend.BIAS)])),
-                         pend3_ok.eq(pend2_ok & (~pend2_cube | cube_legal)
-                                     & (~pend2_ord | ord_legal))]
+                         pend4_ok.eq(pend3_ok & (~pend3_cube | cube_legal)
+                                     & (~pend3_ord | ord_legal))]
         m.d.sync += [pend.eq(issue), pend_pe.eq(issue_pe), pend_slot.eq(issue_slot),
                      pend_zero.eq(issue_zero), issue.eq(_Pend.NONE)]
         m.d.sync += [r["en"].eq(0) for r in req.values()]  # unless a phase issues a read below
@@ -1004,15 +1044,18 @@ class Preflight(wiring.Component):
         math_vec = _reg(fm, slot_vector(math_present), "math_slots")
         sel_vec = _sig(fm, Cat(*x.selected), "selected_pes")
         # A walk (the slots of a per-PE phase, in order) keeps its next slot in registers,
-        # ``walk_next`` (one-hot) and ``walk_found``, and the slots after that one in
-        # ``rest``, whose lowest is the next ``walk_next`` (a search above ``slot`` was 21
-        # levels from ``slot`` back to itself, issue #9).  A phase starts its walk from
-        # facts: the first two slots and the rest.
+        # ``walk_next`` (one-hot, and its index ``walk_next_index``, which ``slot`` takes
+        # without an OR tree) and ``walk_found``, and the slots after that one in ``rest``,
+        # whose lowest is the next ``walk_next`` (a search above ``slot`` was 21 levels from
+        # ``slot`` back to itself, issue #9).  A phase starts its walk from facts: the first
+        # two slots (the second one-hot and as an index) and the rest.
         def walk(vector, width, name):
             after1 = _reg(fm, vector & (vector - 1), f"{name}_after1")
+            second = _sig(fm, after1 & (~after1 + 1), f"{name}_second_lowest")
             return (first(vector, width, f"{name}_first"),
                     (_reg(fm, after1 != 0, f"{name}_second_found"),
-                     _reg(fm, after1 & (~after1 + 1), f"{name}_second")),
+                     _reg(fm, second, f"{name}_second"),
+                     _reg(fm, one_hot_index(second, width), f"{name}_second_index")),
                     _reg(fm, after1 & (after1 - 1), f"{name}_after2"))
 
         post_walk = walk(post_vec, 32, "post")
@@ -1020,6 +1063,7 @@ class Preflight(wiring.Component):
         pe_walk = walk(sel_vec, PE_COUNT, "pe")
         post_first, math_first = post_walk[0], math_walk[0]
         walk_next = Signal(32, name="walk_next")
+        walk_next_index = Signal(5, name="walk_next_index")     # of the one-hot ``walk_next``
         walk_found, rest = self.walk_found, self.walk_rest
         rest_lowest = _sig(nm, rest & (~rest + 1), "walk_rest_lowest")
         role, slot_pe = slot[0:3], slot[3:5]
@@ -1056,16 +1100,18 @@ class Preflight(wiring.Component):
                                dims_nz.all()), "dims_ok")
         rmode = Mux(b.datr_valid, b.datr.rmode, 0)
         sat = Mux(b.datr_valid, b.datr.sat, 0)
-        attributes_ok = _reg(fm, ((rmode == 0) | xc.mode["rmode_free"])
-                             & (~sat | xc.mode["sat_free"]) & ((xc.n_slots == 0) | b.ior_valid),
+        # From the registered mode table (two deep, like ``dims_ok``; from the record it was
+        # the table's lookup and the slot count's adder in front of the rule, 7 levels).
+        attributes_ok = _reg(fm, ((rmode == 0) | x.mode["rmode_free"])
+                             & (~sat | x.mode["sat_free"]) & ((x.n_slots == 0) | b.ior_valid),
                              "attributes_ok")
         datr_ok = _reg(fm, ~b.datr_valid | ((b.datr.layout == 0) & (b.datr.pad == 0)
                                             & (b.datr.cmode == 0) & (b.datr.canonicalize == 0)),
                        "datr_ok")
         trans_ok = _reg(fm, Mux(x.sc == 0, ~f.trans_a & ~f.trans_b, ~f.trans_a | xc.a_shared),
                         "trans_ok")
-        acc_ok = _reg(fm, xc.mode["built"]
-                      & ((f.pre_quant_mode == 0) | (xc.mode["source"] == xc.acc)), "acc_ok")
+        acc_ok = _reg(fm, x.mode["built"]
+                      & ((f.pre_quant_mode == 0) | (x.mode["source"] == x.acc)), "acc_ok")
         cd_ok = _reg(fm, ~xc.uses_acc | (b.local_sources[0] != b.destinations[0].hand), "cd_ok")
         gemv_ok = _reg(fm, ~xc.is_gemv | (dm == 1), "gemv_ok")
         d_fits = _reg(fm, (xc.tsize_cells[0] << 7) <= tile_capacity, "d_fits")
@@ -1161,8 +1207,19 @@ class Preflight(wiring.Component):
         # does not matter (VERDICT holds the verdict, every other register is set again
         # before it is used), so the chain of fault checks in front of the phase is not in
         # front of them (it was their longest path, issue #9).
-        scanning = (role == 2) | (role == 4)
-        stay = scanning & (word < dn_last)      # a scan's word N-1 not issued yet
+        def scans(s):
+            return (s[0:3] == 2) | (s[0:3] == 4)
+
+        scanning = scans(slot)
+        # Registers of the walk's conditions, set with ``slot`` and ``word`` (below), so that
+        # no comparison of ``word`` is in front of the walk's 64 enables or of the phase
+        # (``word < dn_last`` was the walk's longest path, issue #9): ``stay``, a scan's word
+        # N-1 not issued yet (``scanning & (word < dn_last)``); ``word_zero``; ``word_ge``
+        # and ``word_gt``, ``word`` >= and > :data:`_DRAIN`.
+        stay = Signal(name="stay")
+        word_zero = Signal(name="word_zero", init=1)
+        word_ge = Signal(name="word_ge_drain")
+        word_gt = Signal(name="word_gt_drain")
         wanted = Mux(aux_is_group, f.group_max_en, f.row_max_en)
         aux_bad = wanted & ~Mux(aux_is_group, aux_legal[1], aux_legal[0])
         m_bad, m_bad_pe = m_layout_fault
@@ -1175,25 +1232,29 @@ class Preflight(wiring.Component):
             m.d.sync += [req[port]["en"].eq(1), issue.eq(kind)]
 
         # No read is pending in IDLE, VERDICT and HOLD: they do not wait for ``pend_ok``.
-        m.d.sync += accepted.eq(0)          # high for the one cycle after the handshake
+        # ``accepted`` is high for the one cycle after the handshake; ``ready`` rises with
+        # every way into IDLE.
+        m.d.sync += [accepted.eq(ready & self.record.valid),
+                     ready.eq(ready & ~self.record.valid)]
+        m.d.comb += self.record.ready.eq(ready)
+        with m.If(ready):
+            m.d.sync += rec.eq(self.record.payload)
         with m.If(phase == Phase.IDLE):
             # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them): only
             # the record and ``accepted`` wait for ``valid``.
-            with m.If(~accepted):
-                m.d.comb += self.record.ready.eq(1)
-                with m.If(self.record.valid):
-                    m.d.sync += [rec.eq(self.record.payload), accepted.eq(1)]
-            with m.Else():
+            with m.If(accepted):
                 # A fault record or a no-op has its verdict; the others START.
                 to(Mux((rec.fault != FaultClass.NONE) | b.noop, Phase.VERDICT, Phase.START))
         with m.Elif(phase == Phase.VERDICT):
             m.d.comb += self.verdict.valid.eq(1)
             with m.If(self.verdict.ready):
                 to(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
+                m.d.sync += ready.eq(v_outcome != Outcome.APPROVE)
         with m.Elif(phase == Phase.HOLD):
             m.d.comb += self.commit_enable.eq(1)
             with m.If(self.exec_done):
                 to(Phase.IDLE)
+                m.d.sync += ready.eq(1)
         with m.Elif(~pend_ok):
             to(Phase.VERDICT)
         with m.Else():
@@ -1241,15 +1302,15 @@ class Preflight(wiring.Component):
                 with m.Case(Phase.MATH_ENTRY):
                     with m.If(math_first[0]):
                         to(Phase.MATH_RUN)
-                    with m.Elif(~post_first[0] | (word >= _DRAIN)):
+                    with m.Elif(~post_first[0] | word_ge):
                         to(Phase.CD_INDEX)      # after POST_RUN's last checks
 
                 with m.Case(Phase.MATH_RUN):
                     kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
                     # ``word`` counts the cycles after the last read.
-                    with m.If(word == 0):
+                    with m.If(word_zero):
                         read("tile", kind)
-                    with m.Elif(word > _DRAIN):
+                    with m.Elif(word_gt):
                         to(Phase.CD_INDEX)
 
                 with m.Case(Phase.CD_INDEX):
@@ -1317,15 +1378,23 @@ class Preflight(wiring.Component):
         # does not fault, and are 0 in every other phase; ``rest`` (the slots to come) is
         # loaded with a walk's first slot and follows its moves.
         def start_walk(w):
-            (_, first_index), (second_found, second), after2 = w
+            (_, first_index), (second_found, second, second_index), after2 = w
             m.d.sync += [slot.eq(first_index), walk_next.eq(second),
-                         walk_found.eq(second_found), rest.eq(after2)]
+                         walk_next_index.eq(second_index), walk_found.eq(second_found),
+                         rest.eq(after2)]
 
         def advance():
-            m.d.sync += [slot.eq(one_hot_index(walk_next, 32)), walk_next.eq(rest_lowest),
+            m.d.sync += [slot.eq(walk_next_index), walk_next.eq(rest_lowest),
+                         walk_next_index.eq(one_hot_index(rest_lowest, 32)),
                          walk_found.eq(rest.any()), rest.eq(rest & (rest - 1))]
 
-        m.d.sync += [slot.eq(0), word.eq(0)]
+        def count():
+            """Stay on the slot, one more word (``word`` + 1 >= / > _DRAIN)."""
+            m.d.sync += [slot.eq(slot), word.eq(word + 1), word_zero.eq(0),
+                         word_ge.eq(word >= _DRAIN - 1), word_gt.eq(word_ge)]
+
+        m.d.sync += [slot.eq(0), word.eq(0), word_zero.eq(1), word_ge.eq(0), word_gt.eq(0),
+                     stay.eq(0)]
         with m.Switch(phase):
             with m.Case(Phase.IDLE):
                 m.d.sync += slot.eq(accepted)                       # START's slot 1
@@ -1337,23 +1406,24 @@ class Preflight(wiring.Component):
                 m.d.sync += slot.eq(Mux(slot >= shared_end, 0, slot + 1))
             with m.Case(Phase.POST_ENTRY):
                 start_walk(post_walk)
+                m.d.sync += stay.eq(scans(post_first[1]) & dn_several)
             with m.Case(Phase.POST_RUN):
                 with m.If(stay):
-                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]
+                    count()
+                    m.d.sync += stay.eq(word < dn_before_last)
                 with m.Else():
                     advance()
+                    m.d.sync += stay.eq(scans(walk_next_index) & dn_several)
             with m.Case(Phase.MATH_ENTRY):
                 with m.If(math_first[0]):
                     start_walk(math_walk)
-                with m.Elif(post_first[0] & (word < _DRAIN)):
-                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]  # POST_RUN's last checks
+                with m.Elif(post_first[0] & ~word_ge):
+                    count()                                 # POST_RUN's last checks
             with m.Case(Phase.MATH_RUN):
-                with m.If((word == 0) & walk_found):
+                with m.If(word_zero & walk_found):
                     advance()
-                with m.Elif(word == 0):
-                    m.d.sync += [slot.eq(slot), word.eq(1)]     # the last read's slot
-                with m.Elif(word <= _DRAIN):
-                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]
+                with m.Elif(~word_gt):
+                    count()                 # from the last read's slot, word 1, to the drain
             with m.Case(Phase.ALLOCATE):
                 start_walk(pe_walk)
             with m.Case(Phase.D_SHAPE):

@@ -100,6 +100,8 @@ class Harness(Elaboratable):
             Assert(~(passthrough & checking)),     # its verdict comes from IDLE (P18)
             Assert((phase == Phase.IDLE.value)
                    | (passthrough == ((dut.rec.fault != 0) | dut.rec.bundle.noop))),
+            # The record follows the payload while ``ready`` (a register): only when idle.
+            Assert(~dut.record.ready | ~dut.busy),
             # 3. Bounded: forward progress in every checking cycle, verdict before idle.
             Assert(phase <= Phase.HOLD.value),
             Assert(~(was_checking & checking) | (rank > last_rank)),
