@@ -760,8 +760,6 @@ class Preflight(wiring.Component):
         r = SimpleNamespace(
             gpr_val=Array(Signal(64, name=f"gpr_val{i}") for i in range(2)),
             pe_layout=Array(Signal(3, name=f"pe_layout{pe}") for pe in range(PE_COUNT)),
-            d_cells=Array(Signal(10, name=f"d_cells{pe}") for pe in range(PE_COUNT)),
-            d_cell_cols=Array(Signal(5, name=f"d_cell_cols{pe}") for pe in range(PE_COUNT)),
             out_index=Array(Signal(6, name=f"out_index{j}") for j in range(3)),
         )
         v_outcome = Signal(Outcome, name="v_outcome")
@@ -790,9 +788,13 @@ class Preflight(wiring.Component):
                 cells=x.tsize_cells[0], name=name, cut=fcut, cut_need=fcut)
             d_shape[layout] = tuple(_reg(fm, v, f"{name}_{k}_q") for k, v in (
                 ("legal", legal), ("need", need), ("cell_cols", cell_cols)))
-        d_m16 = r.pe_layout[slot[:2]] == Layout.CUBE_M16
-        d_legal, d_need, d_cell_cols = (Mux(d_m16, u, v) for u, v in zip(
-            d_shape[Layout.CUBE_M16], d_shape[Layout.CUBE_M32]))
+        # Each PE's choice by its layout, registered (``pe_layout`` is final from M_LAYOUT's
+        # end, ALLOCATE comes between): D_SHAPE and the plan choose by PE only.
+        d_by_pe = [[_reg(fm, Mux(r.pe_layout[pe] == Layout.CUBE_M16, u, v)[:w], f"d_{k}{pe}")
+                    for k, w, u, v in zip(("legal", "cells", "cell_cols"), (1, 10, 5),
+                                          d_shape[Layout.CUBE_M16], d_shape[Layout.CUBE_M32])]
+                   for pe in range(PE_COUNT)]
+        r.d_cells, r.d_cell_cols = ([d_by_pe[pe][k] for pe in range(PE_COUNT)] for k in (1, 2))
         # RowMaxOut (AUX_SHAPE slot 0): M x 1; GroupMaxOut (slot 1): M x group count.
         aux_legal = []
         for j, cols in ((1, 1), (2, x.group_count)):
@@ -811,13 +813,14 @@ class Preflight(wiring.Component):
         counts_ok = _reg(fm, Cat(*(_reg(fm, v, f"counts_ok{i}")
                                    for i, v in enumerate(self._counts_ok(x)))).all(),
                          "counts_ok")
-        ior_reads = _reg(fm, Mux(b.ior_valid, Mux(xc.is_img2col, 2, xc.n_slots), 0), "ior_reads")
+        # IOR's reads and end, two registers deep (from the registered slot count).
+        ior_reads = _reg(fm, Mux(b.ior_valid, Mux(x.is_img2col, 2, x.n_slots), 0), "ior_reads")
         # IOR ends at this slot: after its reads and the drain (TIMG2COL: posM and posK are
         # not checked, so no drain, but one cycle for posK to reach its register by the
         # verdict, which the plan carries).
-        ior_end = _reg(fm, Mux(b.ior_valid & xc.is_matrix & (xc.n_slots != 0),
-                               xc.n_slots + _DRAIN,
-                               Mux(b.ior_valid & xc.is_img2col, 3, 0)), "ior_end")
+        ior_end = _reg(fm, Mux(b.ior_valid & x.is_matrix & (x.n_slots != 0),
+                               x.n_slots + _DRAIN,
+                               Mux(b.ior_valid & x.is_img2col, 3, 0)), "ior_end")
         dn_last = _reg(fm, dn - 1, "dn_last")
         # For ``stay`` one word ahead: ``word + 1 < dn_last`` is ``word < dn_before_last``.
         dn_before_last = _reg(fm, Mux(dn_last == 0, 0, dn_last - 1), "dn_before_last")
@@ -1069,25 +1072,21 @@ class Preflight(wiring.Component):
         role, slot_pe = slot[0:3], slot[3:5]
 
         # ---- static checks (registers of the record's facts; the facts submodule) ------
-        # Record sanity: rules the decoder already enforces, with the decoder's classes.
-        size_codes_ok = _reg(fm, Cat(*[(j >= b.dest_count)
-                                       | ((b.destinations[j].size_code >= 1)
-                                          & (b.destinations[j].size_code <= 10))
-                                       for j in range(3)]).all(), "size_codes_ok")
-        fpatr_reserved = _reg(fm, b.fpatr_valid & (~xc.mode["known"] | (f.relu_mode > 3)
-                                                   | (f.group_n_code > 9)), "fpatr_reserved")
-        fpatr_enables_ok = _reg(fm, (~f.row_max_init | f.row_max_en)
-                                & (f.group_max_en == (f.group_n_code != 0))
-                                & (~f.max_abs_en | f.row_max_en | f.group_max_en),
-                                "fpatr_enables_ok")
+        # Record sanity: rules the decoder already enforces, with the decoder's classes
+        # (START's conditions, registered there).
+        size_codes_ok = Cat(*[(j >= b.dest_count) | ((b.destinations[j].size_code >= 1)
+                                                     & (b.destinations[j].size_code <= 10))
+                              for j in range(3)]).all()
+        fpatr_reserved = b.fpatr_valid & (~xc.mode["known"] | (f.relu_mode > 3)
+                                          | (f.group_n_code > 9))
+        fpatr_enables_ok = ((~f.row_max_init | f.row_max_en)
+                            & (f.group_max_en == (f.group_n_code != 0))
+                            & (~f.max_abs_en | f.row_max_en | f.group_max_en))
         ior = b.ior
-        i2c_bindings_ok = _reg(fm, (b.local_count == 1) & (b.dest_count == 1) & b.terminated,
-                               "i2c_bindings_ok")
-        i2c_ior_ok = _reg(fm, ~b.ior_valid | ((ior.reg_src2 == 0) & (ior.reg_dst == 0)),
-                          "i2c_ior_ok")
-        i2c_dims_ok = _reg(fm, b.dims[0].written
-                           & Cat(*[~b.dims[i].written | (x.dims[i] != 0) for i in range(3)]).all(),
-                           "i2c_dims_ok")
+        i2c_bindings_ok = (b.local_count == 1) & (b.dest_count == 1) & b.terminated
+        i2c_ior_ok = ~b.ior_valid | ((ior.reg_src2 == 0) & (ior.reg_dst == 0))
+        i2c_dims_ok = b.dims[0].written & Cat(*[~b.dims[i].written | (x.dims[i] != 0)
+                                                for i in range(3)]).all()
 
         def pow2(v):
             return (v != 0) & ((v & (v - 1)) == 0)
@@ -1115,6 +1114,7 @@ class Preflight(wiring.Component):
         cd_ok = _reg(fm, ~xc.uses_acc | (b.local_sources[0] != b.destinations[0].hand), "cd_ok")
         gemv_ok = _reg(fm, ~xc.is_gemv | (dm == 1), "gemv_ok")
         d_fits = _reg(fm, (xc.tsize_cells[0] << 7) <= tile_capacity, "d_fits")
+        d_ok = Array(_sig(fm, d_by_pe[pe][0] & d_fits, f"d_ok{pe}") for pe in range(PE_COUNT))
 
         def first_fault(name, chain):
             """The first of ``chain`` ((condition, class, check) in the model's order) that
@@ -1130,25 +1130,28 @@ class Preflight(wiring.Component):
                     fm.d.sync += [bad.eq(1), cls.eq(c), chk.eq(k)]
             return bad, cls, chk
 
-        # START (two registers deep: its third cycle) and STATIC (4c, 4d, R8, 5).
-        i2c, mat = x.is_img2col, x.is_matrix
+        # START (two registers deep: its third cycle; each condition a register of the
+        # record's, the chain of priorities after them) and STATIC (4c, 4d, R8, 5).
+        i2c, mat = xc.is_img2col, xc.is_matrix
         start_fault = first_fault("start", [
-            (~x.op_known | ~size_codes_ok | fpatr_reserved, II, Check.WELL_FORMED),
-            (i2c & b.fpatr_valid, BC, Check.WELL_FORMED),
-            (i2c & (x.sc != 0), TL, Check.WELL_FORMED),
-            (i2c & (~i2c_bindings_ok | ~i2c_ior_ok), BC, Check.WELL_FORMED),
-            (i2c & b.datr_valid & (b.datr.as_value() != 0), TL, Check.I2C_ATTRIBUTES),
-            (i2c & ~i2c_dims_ok, TL, Check.I2C_DIMENSIONS),
-            (mat & ~b.fpatr_valid, BC, Check.WELL_FORMED),
-            (mat & ~fpatr_enables_ok, TL, Check.WELL_FORMED),
-            (mat & ~x.types_ok, TL, Check.TYPES)])
+            (_reg(fm, cond, f"start_cond{i}"), c, k) for i, (cond, c, k) in enumerate([
+                (~xc.op_known | ~size_codes_ok | fpatr_reserved, II, Check.WELL_FORMED),
+                (i2c & b.fpatr_valid, BC, Check.WELL_FORMED),
+                (i2c & (x.sc != 0), TL, Check.WELL_FORMED),
+                (i2c & (~i2c_bindings_ok | ~i2c_ior_ok), BC, Check.WELL_FORMED),
+                (i2c & b.datr_valid & (b.datr.as_value() != 0), TL, Check.I2C_ATTRIBUTES),
+                (i2c & ~i2c_dims_ok, TL, Check.I2C_DIMENSIONS),
+                (mat & ~b.fpatr_valid, BC, Check.WELL_FORMED),
+                (mat & ~fpatr_enables_ok, TL, Check.WELL_FORMED),
+                (mat & ~xc.types_ok, TL, Check.TYPES)])])
         static_fault = first_fault("static", [
             (~datr_ok, TL, Check.DATR), (~dims_ok, TL, Check.DIMENSIONS),
             (~attributes_ok, TL, Check.ATTRIBUTES), (~gemv_ok, TL, Check.GEMV_M)])
 
         # Step 10: each selected PE's M layout (A's, else C's, else from M) must hold M.
-        # Registers of ``r.pe_layout``, which the last read's answer set four cycles or more
-        # before M_LAYOUT (the MATH phases' drain and CD_INDEX).
+        # Registers of ``r.pe_layout``, which the last read's answer sets four cycles or more
+        # before M_LAYOUT (the MATH phases' drain and CD_INDEX): the layouts, their check
+        # and the first failing PE, three deep.
         have_layout = x.a_local | x.uses_acc
         m_layouts = [_reg(fm, Mux(have_layout, r.pe_layout[pe],
                                   Mux(dm_le16, Layout.CUBE_M16, Layout.CUBE_M32)),
@@ -1157,11 +1160,12 @@ class Preflight(wiring.Component):
             ((m_layouts[pe] == Layout.CUBE_M16) & dm_le16)
             | ((m_layouts[pe] == Layout.CUBE_M32) & dm_le32)) for pe in range(PE_COUNT)]),
             "m_layout_bad")
-        m_layout_fault = _lowest(fm, m_layout_bad, PE_COUNT, "m_layout_bad")
+        m_layout_fault = first(m_layout_bad, PE_COUNT, "m_layout_bad")
 
-        # Step 11, three registers deep: the free registers of each destination's hand, less
+        # Step 11, four registers deep: the free registers of each destination's hand, less
         # the k lowest when k earlier destinations name the same hand (they take those);
-        # their lowest; then the verdict.  With the core capacity charge and each PE's memory.
+        # their lowest; then the verdict (``allocation_ok``: TIMG2COL's ALLOCATE can be
+        # START's fifth cycle).  With the core capacity charge and each PE's memory.
         free = ~self.alloc.allocated
         taken, found_bits = [], []
         for j in range(3):
@@ -1197,7 +1201,7 @@ class Preflight(wiring.Component):
                         f"pe_room{pe}") for pe in range(PE_COUNT)]
         pe_fits = [_reg(fm, ~x.selected[pe] | (group_bytes <= pe_room[pe]), f"pe_fits{pe}")
                    for pe in range(PE_COUNT)]
-        allocation_ok = _sig(fm, Cat(*found_bits, *capacity_ok, *pe_fits).all(),
+        allocation_ok = _reg(fm, Cat(*found_bits, *capacity_ok, *pe_fits).all(),
                              "allocation_ok")
 
         # ---- the phases ---------------------------------------------------------------
@@ -1323,7 +1327,7 @@ class Preflight(wiring.Component):
                     to(Mux(~allocation_ok | x.is_img2col, Phase.VERDICT, Phase.D_SHAPE))
 
                 with m.Case(Phase.D_SHAPE):
-                    to(Mux(~d_legal | ~d_fits, Phase.VERDICT,
+                    to(Mux(~d_ok[slot[:2]], Phase.VERDICT,
                            Mux(walk_found, Phase.D_SHAPE, Phase.AUX_SHAPE)))
 
                 with m.Case(Phase.AUX_SHAPE):
@@ -1449,16 +1453,14 @@ class Preflight(wiring.Component):
                                             vec_index), math_index)),
         ]
 
-        # The plan's registers, set by their phases whether the phase faults or not.
+        # The plan's registers, set by their phases whether the phase faults or not (D's CELL
+        # geometry: ``d_by_pe``).
         with m.Switch(phase):
             with m.Case(Phase.M_LAYOUT):
                 m.d.sync += [r.pe_layout[pe].eq(m_layouts[pe]) for pe in range(PE_COUNT)]
             with m.Case(Phase.ALLOCATE):
                 m.d.sync += [r.out_index[j].eq(Cat(index, hand))
                              for j, (hand, index) in enumerate(taken)]
-            with m.Case(Phase.D_SHAPE):
-                m.d.sync += [r.d_cells[slot[:2]].eq(d_need),
-                             r.d_cell_cols[slot[:2]].eq(d_cell_cols)]
 
         # ---- outputs ------------------------------------------------------------------
         v = self.verdict.payload
