@@ -283,7 +283,7 @@ def _lowest(m, vector, width, name):
     index = Signal(range(width), name=f"{name}_index")
     candidates = Signal(width, name=f"{name}_candidates")
     lowest = Signal(width, name=f"{name}_lowest")
-    m.d.comb += [candidates.eq(vector), lowest.eq(candidates & (~candidates + 1)),
+    m.d.comb += [candidates.eq(vector), lowest.eq(candidates & ~(candidates - 1)),
                  found.eq(candidates.any())]
     m.d.comb += index.eq(one_hot_index(lowest, width))
     return found, index
@@ -323,28 +323,31 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     lc = Signal(4, name=f"{name}_lc")
     m.d.comb += lc.eq(one_hot_index(phys_cols, 16))
     max_cells = Mux(shared, 2048, 512)
-    early = (cells != 0) & (cells <= max_cells) & pow2 & (valid_cols <= phys_cols)
+    # The early comparisons cross the cut apart (in one AND behind the wide comparisons they
+    # were the longest path into it).
+    early = ((cells != 0) & (cells <= max_cells), pow2, valid_cols <= phys_cols)
     # A row divides the capacity (``cells`` * 1024 bits) when it has no more trailing zero
     # bits than the capacity: a comparison of logarithms after the cut (a mask of the row's
     # bits and a zero test of the capacity under it was 14 levels, issue #9).  ``cells`` =
     # 0 fails ``early``.
     width = len(Value.cast(cells))
     tz = Signal(range(width), name=f"{name}_cells_tz")
-    m.d.comb += tz.eq(one_hot_index(cells & (~cells + 1), width))
-    # The two logarithms cross the cut and are added after it (the sum behind the column
-    # count's OR trees was the longest path of the preflight's response stage).
-    early, lc, lb, cells, valid_rows, tz = (cut(v, f"{name}_{k}_cut") for k, v in (
-        ("early", early), ("lc", lc), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows),
+    m.d.comb += tz.eq(one_hot_index(cells & ~(cells - 1), width))
+    # The element count (capacity bits over element bits) crosses the cut, the row count is
+    # that over the columns after it; the two logarithms cross it and are added after it
+    # (the sum behind the column count's OR trees was the longest path of the preflight's
+    # response stage, and the shift by the sum after the cut 6 levels).
+    elements = Signal(22, name=f"{name}_elements")
+    m.d.comb += elements.eq((cells << 10) >> lb)
+    early = Cat(*(cut(v, f"{name}_early{i}_cut") for i, v in enumerate(early))).all()
+    lc, lb, elements, valid_rows, tz = (cut(v, f"{name}_{k}_cut") for k, v in (
+        ("lc", lc), ("lb", lb), ("elements", elements), ("valid_rows", valid_rows),
         ("tz", tz)))
     e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
     m.d.comb += e.eq(lc + lb)
-    cap_bits = Signal(22, name=f"{name}_cap_bits")
-    m.d.comb += cap_bits.eq(cells << 10)
     rows = Signal(22, name=f"{name}_rows")
-    m.d.comb += rows.eq(cap_bits >> e)
+    m.d.comb += rows.eq(elements >> lc)
     divisible = e <= tz + 10
-    elements = Signal(22, name=f"{name}_elements")
-    m.d.comb += elements.eq(cap_bits >> lb)
     early, divisible, rows, valid_rows, elements = (
         cut_rows(v, f"{name}_{k}_cut_rows") for k, v in (
             ("early", early), ("divisible", divisible), ("rows", rows),
@@ -401,11 +404,13 @@ def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_ne
                 ]
     n_rep = Signal(14, name=f"{name}_n_rep")
     m.d.comb += n_rep.eq((cols + 7) >> 3)
-    early = (supported & (n8 | m16 | m32) & (rows != 0) & (cols != 0)
-             & (~m16 | (rows <= 16)) & (~m32 | (rows <= 32)) & (cells != 0) & (cells <= 512))
-    early, n8, k_rep_n8, n_rep, sh_m, cols, limit, cells, cell_cols = (
+    # The early comparisons cross the cut apart, as in :func:`ordinary_shape`.
+    early = Cat(*(cut(v, f"{name}_early{i}_cut") for i, v in enumerate((
+        supported & (n8 | m16 | m32), (rows != 0) & (cols != 0),
+        (~m16 | (rows <= 16)) & (~m32 | (rows <= 32)), (cells != 0) & (cells <= 512))))).all()
+    n8, k_rep_n8, n_rep, sh_m, cols, limit, cells, cell_cols = (
         cut(v, f"{name}_{k}_cut") for k, v in (
-            ("early", early), ("n8", n8), ("k_rep_n8", k_rep_n8), ("n_rep", n_rep),
+            ("n8", n8), ("k_rep_n8", k_rep_n8), ("n_rep", n_rep),
             ("sh_m", sh_m), ("cols", cols), ("limit", limit), ("cells", cells),
             ("cell_cols", cell_cols)))
     # Only the shifts of the supported types' element widths (a choice of 5 quotients,
@@ -1054,7 +1059,7 @@ class Preflight(wiring.Component):
         # two slots (the second one-hot and as an index) and the rest.
         def walk(vector, width, name):
             after1 = _reg(fm, vector & (vector - 1), f"{name}_after1")
-            second = _sig(fm, after1 & (~after1 + 1), f"{name}_second_lowest")
+            second = _sig(fm, after1 & ~(after1 - 1), f"{name}_second_lowest")
             return (first(vector, width, f"{name}_first"),
                     (_reg(fm, after1 != 0, f"{name}_second_found"),
                      _reg(fm, second, f"{name}_second"),
@@ -1068,7 +1073,7 @@ class Preflight(wiring.Component):
         walk_next = Signal(32, name="walk_next")
         walk_next_index = Signal(5, name="walk_next_index")     # of the one-hot ``walk_next``
         walk_found, rest = self.walk_found, self.walk_rest
-        rest_lowest = _sig(nm, rest & (~rest + 1), "walk_rest_lowest")
+        rest_lowest = _sig(nm, rest & ~(rest - 1), "walk_rest_lowest")
         role, slot_pe = slot[0:3], slot[3:5]
 
         # ---- static checks (registers of the record's facts; the facts submodule) ------
