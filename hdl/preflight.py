@@ -820,17 +820,20 @@ class Preflight(wiring.Component):
                          "counts_ok")
         # IOR's reads and end, two registers deep (from the registered slot count).
         ior_reads = _reg(fm, Mux(b.ior_valid, Mux(x.is_img2col, 2, x.n_slots), 0), "ior_reads")
-        # IOR ends at this slot: after its reads and the drain (TIMG2COL: posM and posK are
-        # not checked, so no drain, but one cycle for posK to reach its register by the
-        # verdict, which the plan carries).
-        ior_end = _reg(fm, Mux(b.ior_valid & x.is_matrix & (x.n_slots != 0),
-                               x.n_slots + _DRAIN,
-                               Mux(b.ior_valid & x.is_img2col, 3, 0)), "ior_end")
+        # IOR ends at slot ``n + _DRAIN``: after its reads and the drain (TIMG2COL: posM and
+        # posK are not checked, so no drain, but one cycle for posK to reach its register by
+        # the verdict, which the plan carries), or at slot 0 without reads.  For
+        # ``slot_done`` (below): that slot less one, and whether it is 0.
+        ior_end_less1 = _reg(fm, Mux(b.ior_valid & x.is_matrix & (x.n_slots != 0),
+                                     x.n_slots + _DRAIN - 1,
+                                     Mux(b.ior_valid & x.is_img2col, 2, 0)), "ior_end_less1")
+        ior_end_zero = _reg(fm, ~b.ior_valid | (x.is_matrix & (x.n_slots == 0)), "ior_end_zero")
         dn_last = _reg(fm, dn - 1, "dn_last")
         # For ``stay`` one word ahead: ``word + 1 < dn_last`` is ``word < dn_before_last``.
         dn_before_last = _reg(fm, Mux(dn_last == 0, 0, dn_last - 1), "dn_before_last")
         dn_several = _reg(fm, dn_last != 0, "dn_several")
-        shared_end = _reg(fm, x.sc + _DRAIN, "shared_end")      # SHARED_RUN's reads, drained
+        # SHARED_RUN's reads, drained, end at slot ``sc + _DRAIN``: less one.
+        shared_end_less1 = _reg(fm, x.sc + _DRAIN - 1, "shared_end_less1")
         dm_le16 = _reg(fm, dm <= 16, "dm_le16")
         dm_le32 = _reg(fm, dm <= 32, "dm_le32")
 
@@ -1154,7 +1157,7 @@ class Preflight(wiring.Component):
             (~attributes_ok, TL, Check.ATTRIBUTES), (~gemv_ok, TL, Check.GEMV_M)])
 
         # Step 10: each selected PE's M layout (A's, else C's, else from M) must hold M.
-        # Registers of ``r.pe_layout``, which the last read's answer sets four cycles or more
+        # Registers of ``r.pe_layout``, which the last read's answer sets five cycles or more
         # before M_LAYOUT (the MATH phases' drain and CD_INDEX): the layouts, their check
         # and the first failing PE, three deep.
         have_layout = x.a_local | x.uses_acc
@@ -1226,6 +1229,9 @@ class Preflight(wiring.Component):
         # N-1 not issued yet (``scanning & (word < dn_last)``); ``word_zero``; ``word_ge``
         # and ``word_gt``, ``word`` >= and > :data:`_DRAIN`.
         stay = Signal(name="stay")
+        # ``slot_done``: ``slot`` is the last of a counting phase's (START 2, IOR and
+        # SHARED_RUN after their reads and drain), a register set with ``slot``.
+        slot_done = Signal(name="slot_done")
         word_zero = Signal(name="word_zero", init=1)
         word_ge = Signal(name="word_ge_drain")
         word_gt = Signal(name="word_gt_drain")
@@ -1270,18 +1276,20 @@ class Preflight(wiring.Component):
             with m.Switch(phase):
                 with m.Case(Phase.START):
                     # Slots 1 and 2: the facts' registers settle.
-                    with m.If(slot >= 2):
+                    with m.If(slot_done):
                         to(Mux(start_fault[0], Phase.VERDICT, Phase.IOR))
 
                 with m.Case(Phase.IOR):
                     # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
                     # Its first cycle ends step 4b: the binding counts, two registers deep.
+                    # Its reads come before its end (``slot_done`` first: the walk's ``slot``
+                    # obeys it alone).
                     with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
                         to(Phase.VERDICT)
+                    with m.Elif(slot_done):
+                        to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
                     with m.Elif(slot < ior_reads):
                         m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
-                    with m.Elif(slot >= ior_end):
-                        to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
 
                 with m.Case(Phase.STATIC):
                     to(Mux(static_fault[0], Phase.VERDICT, Phase.SHARED_ENTRY))
@@ -1291,10 +1299,10 @@ class Preflight(wiring.Component):
                            Mux(x.sc == 0, Phase.POST_ENTRY, Phase.SHARED_RUN)))
 
                 with m.Case(Phase.SHARED_RUN):
-                    with m.If(slot < x.sc):
-                        read("shared", _Pend.SHARED)
-                    with m.Elif(slot >= shared_end):
+                    with m.If(slot_done):
                         to(Phase.POST_ENTRY)
+                    with m.Elif(slot < x.sc):
+                        read("shared", _Pend.SHARED)
 
                 with m.Case(Phase.POST_ENTRY):
                     to(Mux(~acc_ok, Phase.VERDICT,
@@ -1402,17 +1410,23 @@ class Preflight(wiring.Component):
             m.d.sync += [slot.eq(slot), word.eq(word + 1), word_zero.eq(0),
                          word_ge.eq(word >= _DRAIN - 1), word_gt.eq(word_ge)]
 
+        def count_slot(end_less1, next_done):
+            """``slot`` + 1 up to the phase's end, then 0 (``next_done``: ``slot_done`` for
+            slot 0 of the phase after)."""
+            m.d.sync += [slot.eq(Mux(slot_done, 0, slot + 1)),
+                         slot_done.eq(Mux(slot_done, next_done, slot >= end_less1))]
+
         m.d.sync += [slot.eq(0), word.eq(0), word_zero.eq(1), word_ge.eq(0), word_gt.eq(0),
-                     stay.eq(0)]
+                     stay.eq(0), slot_done.eq(0)]
         with m.Switch(phase):
             with m.Case(Phase.IDLE):
                 m.d.sync += slot.eq(accepted)                       # START's slot 1
             with m.Case(Phase.START):
-                m.d.sync += slot.eq(Mux(slot >= 2, 0, slot + 1))
+                count_slot(1, ior_end_zero)                         # slots 1, 2
             with m.Case(Phase.IOR):
-                m.d.sync += slot.eq(Mux(slot >= ior_end, 0, slot + 1))
+                count_slot(ior_end_less1, 0)
             with m.Case(Phase.SHARED_RUN):
-                m.d.sync += slot.eq(Mux(slot >= shared_end, 0, slot + 1))
+                count_slot(shared_end_less1, 0)
             with m.Case(Phase.POST_ENTRY):
                 start_walk(post_walk)
                 m.d.sync += stay.eq(scans(post_first[1]) & dn_several)

@@ -1402,7 +1402,7 @@ def test_worst_case_latency():
     # Every check passes but allocation: D (64 KiB per PE) cannot be had, so the verdict
     # comes six cycles before an approval would (no D_SHAPE, AUX_SHAPE phases).
     assert result.check is Check.ALLOCATION
-    assert result.cycles == approval_cycles(record.bundle, state) - 6 == 55 + 8 * n - 6
+    assert result.cycles == approval_cycles(record.bundle, state) - 6 == 56 + 8 * n - 6
 
 
 # ---------------------------------------------------------------------------
