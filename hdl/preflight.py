@@ -337,8 +337,14 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     # that over the columns after it; the two logarithms cross it and are added after it
     # (the sum behind the column count's OR trees was the longest path of the preflight's
     # response stage, and the shift by the sum after the cut 6 levels).
+    # One shift per type code (the type's log2, then a shift by it, were 7 levels).
     elements = Signal(22, name=f"{name}_elements")
-    m.d.comb += elements.eq((cells << 10) >> lb)
+    with m.Switch(dtype):
+        for t in DataType:
+            with m.Case(t.value):
+                m.d.comb += elements.eq((cells << 10) >> (t.bits.bit_length() - 1))
+        with m.Default():
+            m.d.comb += elements.eq((cells << 10) >> 3)     # as ``_log2_bits``
     early = Cat(*(cut(v, f"{name}_early{i}_cut") for i, v in enumerate(early))).all()
     lc, lb, elements, valid_rows, tz = (cut(v, f"{name}_{k}_cut") for k, v in (
         ("lc", lc), ("lb", lb), ("elements", elements), ("valid_rows", valid_rows),
@@ -1254,98 +1260,104 @@ class Preflight(wiring.Component):
         m.d.comb += self.record.ready.eq(ready)
         with m.If(ready):
             m.d.sync += rec.eq(self.record.payload)
-        with m.If(phase == Phase.IDLE):
-            # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them): only
-            # the record and ``accepted`` wait for ``valid``.
-            with m.If(accepted):
-                # A fault record or a no-op has its verdict; the others START.
-                to(Mux((rec.fault != FaultClass.NONE) | b.noop, Phase.VERDICT, Phase.START))
-        with m.Elif(phase == Phase.VERDICT):
-            m.d.comb += self.verdict.valid.eq(1)
-            with m.If(self.verdict.ready):
-                to(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
-                m.d.sync += ready.eq(v_outcome != Outcome.APPROVE)
-        with m.Elif(phase == Phase.HOLD):
-            m.d.comb += self.commit_enable.eq(1)
-            with m.If(self.exec_done):
-                to(Phase.IDLE)
-                m.d.sync += ready.eq(1)
-        with m.Elif(~pend_ok):
+        with m.Switch(phase):
+            with m.Case(Phase.IDLE):
+                # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them):
+                # only the record and ``accepted`` wait for ``valid``.
+                with m.If(accepted):
+                    # A fault record or a no-op has its verdict; the others START.
+                    to(Mux((rec.fault != FaultClass.NONE) | b.noop, Phase.VERDICT, Phase.START))
+            with m.Case(Phase.VERDICT):
+                m.d.comb += self.verdict.valid.eq(1)
+                with m.If(self.verdict.ready):
+                    to(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
+                    m.d.sync += ready.eq(v_outcome != Outcome.APPROVE)
+            with m.Case(Phase.HOLD):
+                m.d.comb += self.commit_enable.eq(1)
+                with m.If(self.exec_done):
+                    to(Phase.IDLE)
+                    m.d.sync += ready.eq(1)
+            with m.Case(Phase.START):
+                # Slots 1 and 2: the facts' registers settle.
+                with m.If(slot_done):
+                    to(Mux(start_fault[0], Phase.VERDICT, Phase.IOR))
+
+            with m.Case(Phase.IOR):
+                # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
+                # Its first cycle ends step 4b: the binding counts, two registers deep.
+                # Its reads come before its end (``slot_done`` first: the walk's ``slot``
+                # obeys it alone).
+                with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
+                    to(Phase.VERDICT)
+                with m.Elif(slot_done):
+                    to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
+                with m.Elif(slot < ior_reads):
+                    m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
+
+            with m.Case(Phase.STATIC):
+                to(Mux(static_fault[0], Phase.VERDICT, Phase.SHARED_ENTRY))
+
+            with m.Case(Phase.SHARED_ENTRY):
+                to(Mux(~trans_ok, Phase.VERDICT,
+                       Mux(x.sc == 0, Phase.POST_ENTRY, Phase.SHARED_RUN)))
+
+            with m.Case(Phase.SHARED_RUN):
+                with m.If(slot_done):
+                    to(Phase.POST_ENTRY)
+                with m.Elif(slot < x.sc):
+                    read("shared", _Pend.SHARED)
+
+            with m.Case(Phase.POST_ENTRY):
+                to(Mux(~acc_ok, Phase.VERDICT,
+                       Mux(post_first[0], Phase.POST_RUN, Phase.MATH_ENTRY)))
+
+            with m.Case(Phase.POST_RUN):
+                kind = Array([Const(k.value, 4) for k in _POST_ROLES])[role]
+                m.d.sync += [req["word"]["en"].eq(scanning), req["tile"]["en"].eq(~scanning),
+                             issue.eq(kind)]
+                # A scan stays on its slot until word N-1 was issued.
+                with m.If(~stay & ~walk_found):
+                    to(Phase.MATH_ENTRY)
+
+            with m.Case(Phase.MATH_ENTRY):
+                with m.If(math_first[0]):
+                    to(Phase.MATH_RUN)
+                with m.Elif(~post_first[0] | word_ge):
+                    to(Phase.CD_INDEX)      # after POST_RUN's last checks
+
+            with m.Case(Phase.MATH_RUN):
+                kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
+                # ``word`` counts the cycles after the last read.
+                with m.If(word_zero):
+                    read("tile", kind)
+                with m.Elif(word_gt):
+                    to(Phase.CD_INDEX)
+
+            with m.Case(Phase.CD_INDEX):
+                to(Mux(~cd_ok, Phase.VERDICT, Phase.M_LAYOUT))
+
+            with m.Case(Phase.M_LAYOUT):
+                to(Mux(m_bad, Phase.VERDICT, Phase.ALLOCATE))
+
+            with m.Case(Phase.ALLOCATE):
+                to(Mux(~allocation_ok | x.is_img2col, Phase.VERDICT, Phase.D_SHAPE))
+
+            with m.Case(Phase.D_SHAPE):
+                to(Mux(~d_ok[slot[:2]], Phase.VERDICT,
+                       Mux(walk_found, Phase.D_SHAPE, Phase.AUX_SHAPE)))
+
+            with m.Case(Phase.AUX_SHAPE):
+                with m.If(aux_bad | (slot != 0)):
+                    to(Phase.VERDICT)
+
+        # A failing check preempts whatever a checking phase does (no read, the verdict
+        # next): after the phases, so that it wins, and beside their choice instead of in
+        # front of it (a chain of priorities in front of the phase, issue #9).
+        checking = ((phase.as_value() >= Phase.START.value)
+                    & (phase.as_value() <= Phase.AUX_SHAPE.value))
+        with m.If(~pend_ok & checking):
             to(Phase.VERDICT)
-        with m.Else():
-            with m.Switch(phase):
-                with m.Case(Phase.START):
-                    # Slots 1 and 2: the facts' registers settle.
-                    with m.If(slot_done):
-                        to(Mux(start_fault[0], Phase.VERDICT, Phase.IOR))
-
-                with m.Case(Phase.IOR):
-                    # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
-                    # Its first cycle ends step 4b: the binding counts, two registers deep.
-                    # Its reads come before its end (``slot_done`` first: the walk's ``slot``
-                    # obeys it alone).
-                    with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
-                        to(Phase.VERDICT)
-                    with m.Elif(slot_done):
-                        to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
-                    with m.Elif(slot < ior_reads):
-                        m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
-
-                with m.Case(Phase.STATIC):
-                    to(Mux(static_fault[0], Phase.VERDICT, Phase.SHARED_ENTRY))
-
-                with m.Case(Phase.SHARED_ENTRY):
-                    to(Mux(~trans_ok, Phase.VERDICT,
-                           Mux(x.sc == 0, Phase.POST_ENTRY, Phase.SHARED_RUN)))
-
-                with m.Case(Phase.SHARED_RUN):
-                    with m.If(slot_done):
-                        to(Phase.POST_ENTRY)
-                    with m.Elif(slot < x.sc):
-                        read("shared", _Pend.SHARED)
-
-                with m.Case(Phase.POST_ENTRY):
-                    to(Mux(~acc_ok, Phase.VERDICT,
-                           Mux(post_first[0], Phase.POST_RUN, Phase.MATH_ENTRY)))
-
-                with m.Case(Phase.POST_RUN):
-                    kind = Array([Const(k.value, 4) for k in _POST_ROLES])[role]
-                    m.d.sync += [req["word"]["en"].eq(scanning), req["tile"]["en"].eq(~scanning),
-                                 issue.eq(kind)]
-                    # A scan stays on its slot until word N-1 was issued.
-                    with m.If(~stay & ~walk_found):
-                        to(Phase.MATH_ENTRY)
-
-                with m.Case(Phase.MATH_ENTRY):
-                    with m.If(math_first[0]):
-                        to(Phase.MATH_RUN)
-                    with m.Elif(~post_first[0] | word_ge):
-                        to(Phase.CD_INDEX)      # after POST_RUN's last checks
-
-                with m.Case(Phase.MATH_RUN):
-                    kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
-                    # ``word`` counts the cycles after the last read.
-                    with m.If(word_zero):
-                        read("tile", kind)
-                    with m.Elif(word_gt):
-                        to(Phase.CD_INDEX)
-
-                with m.Case(Phase.CD_INDEX):
-                    to(Mux(~cd_ok, Phase.VERDICT, Phase.M_LAYOUT))
-
-                with m.Case(Phase.M_LAYOUT):
-                    to(Mux(m_bad, Phase.VERDICT, Phase.ALLOCATE))
-
-                with m.Case(Phase.ALLOCATE):
-                    to(Mux(~allocation_ok | x.is_img2col, Phase.VERDICT, Phase.D_SHAPE))
-
-                with m.Case(Phase.D_SHAPE):
-                    to(Mux(~d_ok[slot[:2]], Phase.VERDICT,
-                           Mux(walk_found, Phase.D_SHAPE, Phase.AUX_SHAPE)))
-
-                with m.Case(Phase.AUX_SHAPE):
-                    with m.If(aux_bad | (slot != 0)):
-                        to(Phase.VERDICT)
+            m.d.sync += [issue.eq(_Pend.NONE)] + [r["en"].eq(0) for r in req.values()]
 
         # The verdict this cycle would give, taken in every cycle but VERDICT's: the class,
         # check and PE of the phase's own fault, unless a read's check fails first (the
