@@ -858,7 +858,6 @@ class Preflight(wiring.Component):
         pend0 = Signal(_Pend, name="pend0")
         pend0_pe = Signal(2, name="pend0_pe")
         pend0_slot = Signal(2, name="pend0_slot")
-        pend0_zero = Signal(name="pend0_gpr_zero")
         pend1 = Signal(_Pend, name="pend1")
         pend1_pe = Signal(2, name="pend1_pe")
         pend1_slot = Signal(2, name="pend1_slot")
@@ -883,7 +882,6 @@ class Preflight(wiring.Component):
                          pend3_ord.eq(0), pend4_ok.eq(1)]
         with m.Else():
             m.d.sync += [pend0.eq(pend), pend0_pe.eq(pend_pe), pend0_slot.eq(pend_slot),
-                         pend0_zero.eq(pend_zero),
                          pend1.eq(pend0), pend1_pe.eq(pend0_pe), pend1_slot.eq(pend0_slot),
                          pend2_pe.eq(pend1_pe),
                          pend3_pe.eq(pend2_pe), pend3_check.eq(pend2_check),
@@ -898,7 +896,10 @@ class Preflight(wiring.Component):
         m.d.sync += [desc.eq(self.tile_rd.desc), sdesc.eq(self.shared_rd.desc)]
         defined = _reg(sm, self.tile_rd.defined, "defined_r")
         sdefined = _reg(sm, self.shared_rd.defined, "sdefined_r")
-        gpr_data = _reg(sm, self.gpr_rd.data, "gpr_data_r")
+        # GPR 0 reads as zero: cleared as it is registered (the GPR read data is a register
+        # of the tile store's; a choice after this register was in front of the checks' zero
+        # tests).
+        gpr_data = _reg(sm, Mux(pend_zero, 0, self.gpr_rd.data), "gpr_data_r")
         word_data = _reg(sm, self.word_rd.data, "word_data_r")
         # Local sources: the valid shape and type, whether the location must be Any, and
         # which layout rule applies.
@@ -960,15 +961,14 @@ class Preflight(wiring.Component):
                          ord_in["valid_rows"].eq(desc.valid_rows),
                          ord_in["valid_cols"].eq(desc.valid_cols)]
 
-        gpr_word = Mux(pend0_zero, 0, gpr_data)
         with m.If(pend0 == _Pend.GPR):
-            m.d.sync += r.gpr_val[pend0_slot[0]].eq(gpr_word)
+            m.d.sync += r.gpr_val[pend0_slot[0]].eq(gpr_data)
         # One parameter check per source of words, stage 1 chooses (a choice of the word in
         # front of the checks' zero tests was their longest path, issue #9).  The checks
         # register the words' field tests and apply the mode after them (in one piece, the
         # mode's table and the 64-bit zero tests were 7 levels).
         param_ok = {}
-        for src, word_in in (("gpr", gpr_word), ("word", word_data)):
+        for src, word_in in (("gpr", gpr_data), ("word", word_data)):
             m.submodules[f"param_{src}"] = param = ParamCheck(cfg, registered=True)
             m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word_in),
                          param.alpha.eq(word_in)]

@@ -135,5 +135,5 @@ def test_preflight_properties_hold_in_every_reachable_state(tmp_path):
 def test_approval_and_fault_are_reachable(tmp_path):
     harness = Harness(cover=True)
     result = run_sby(harness, "preflight_cover", ports=_ports(harness), mode="cover",
-                     depth=24, workdir=tmp_path)
+                     depth=26, workdir=tmp_path)
     assert result.passed, result.log[-3000:]
