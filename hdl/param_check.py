@@ -1,4 +1,4 @@
-"""Combinational legality checks of B.FPATR parameter words, for the preflight.
+"""Legality checks of B.FPATR parameter words, for the preflight.
 
 :class:`ParamCheck` is the hardware twin of :func:`ptocube.model.postprocess.check_quant_word`
 and :func:`~ptocube.model.postprocess.check_alpha_word`: the preflight presents each B.IOR
@@ -7,7 +7,7 @@ the answer is 0.  The word layouts come from the model's
 :data:`~ptocube.model.postprocess.PREQUANT_MODES` table at elaboration.
 """
 
-from amaranth.hdl import Cat, Const, Module
+from amaranth.hdl import Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -34,12 +34,17 @@ def fp19_class_ok(bits, allow_zero: bool):
 
 
 class ParamCheck(wiring.Component):
-    """Legality of one quantization word and one activation word; combinational.
+    """Legality of one quantization word and one activation word (combinational, or one
+    register deep).
 
     Parameters
     ----------
     config : CubeConfig
         Only decides ``mode_built`` (the words are checked for every assigned mode).
+    registered : bool
+        Register the tests of the words' fields and of the mode (``sync``): ``quant_ok``
+        and ``alpha_ok`` then answer the words and the mode of the previous cycle
+        (``mode_built`` stays combinational).  Otherwise all combinational.
 
     Members
     -------
@@ -60,9 +65,10 @@ class ParamCheck(wiring.Component):
         (:func:`~ptocube.hdl.postprocess.built_modes`).
     """
 
-    def __init__(self, config: CubeConfig = CubeConfig()):
+    def __init__(self, config: CubeConfig = CubeConfig(), registered: bool = False):
         from .postprocess import built_modes     # postprocess imports nothing from here
         self.built = frozenset(built_modes(config))
+        self.registered = registered
         super().__init__({"mode": In(6), "quant": In(64), "alpha": In(64),
                           "quant_ok": Out(1), "alpha_ok": Out(1), "mode_built": Out(1)})
 
@@ -79,20 +85,29 @@ class ParamCheck(wiring.Component):
             return Const(table, 64).bit_select(self.mode, 1)
 
         # The word's legality for each layout of parameter word, in parallel, then the
-        # mode's: shift words, and scale words per width of the offset field.
+        # mode's: shift words, and scale words per width of the offset field.  With
+        # ``registered``, each layout's field tests and the mode's table bit are registered
+        # (64-bit zero tests, the mode's lookup, then their AND-OR: 7 levels in one piece).
+        def field(value):
+            if not self.registered:
+                return value
+            signal = Signal()
+            m.d.sync += signal.eq(value)
+            return signal
+
         scale_ok = fp19_class_ok(word[13:32], allow_zero=False)
-        ok = [modes(lambda mode, code: mode.param is not ParamKind.NONE and mode.shift)
-              & ((word & (_ALL ^ _SHIFT_FIELD)) == 0)]
+        ok = [field(modes(lambda mode, code: mode.param is not ParamKind.NONE and mode.shift))
+              & field((word & (_ALL ^ _SHIFT_FIELD)) == 0)]
         widths = sorted({mode.offset_width for mode in PREQUANT_MODES.values()
                          if mode.param is not ParamKind.NONE and not mode.shift})
         for width in widths:
             allowed = _SCALE_FIELD | ((1 << width) - 1) << _OFFSET_LSB
-            ok.append(modes(lambda mode, code: mode.param is not ParamKind.NONE
-                            and not mode.shift and mode.offset_width == width)
-                      & ((word & (_ALL ^ allowed)) == 0) & scale_ok)
+            ok.append(field(modes(lambda mode, code: mode.param is not ParamKind.NONE
+                                  and not mode.shift and mode.offset_width == width))
+                      & field(((word & (_ALL ^ allowed)) == 0) & scale_ok))
         m.d.comb += [self.quant_ok.eq(Cat(*ok).any()),
                      self.mode_built.eq(modes(lambda mode, code: code in self.built))]
         alpha = self.alpha
-        m.d.comb += self.alpha_ok.eq((alpha[19:] == 0)
-                                     & fp19_class_ok(alpha[0:19], allow_zero=True))
+        m.d.comb += self.alpha_ok.eq(field((alpha[19:] == 0)
+                                           & fp19_class_ok(alpha[0:19], allow_zero=True)))
         return m

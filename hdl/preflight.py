@@ -36,7 +36,7 @@ the :class:`~ptocube.hdl.img2col_engine.Img2ColEngine`'s, which checks them firs
 each per-PE job (:func:`img2col_job` builds the job from the plan and the source register).
 
 Reads are pipelined: each cycle a phase issues one read (into request registers), and each
-read's check is due six cycles later (a response pipeline that splits the shape rules over
+read's check is due seven cycles later (a response pipeline that splits the shape rules over
 registers), so a fault found in a response preempts whatever the phase does in that cycle; a
 phase waits for its reads' checks to be due before the next phase checks anything, which
 keeps the model's order.  The facts of the held record are registers too.  Every phase moves
@@ -147,12 +147,12 @@ class _Pend(enum.Enum, shape=4):
 
 
 #: Cycles a phase waits after its last read before the next phase checks anything: a read
-#: issued in cycle t is on the port in t+1 (the request registers) and checked in t+6 (the
+#: issued in cycle t is on the port in t+1 (the request registers) and checked in t+7 (the
 #: response pipeline), the next phase's first cycle, where that check has priority - the
 #: model's order is kept.  Counted, not read off
 #: the pipeline, so that every waiting phase ends within a fixed number of cycles (the
 #: formal proof's ranking cannot wrap around).
-_DRAIN = 4
+_DRAIN = 5
 
 #: Roles of the per-PE slots of the POST phase (slot = pe * 8 + role): each vector tile's
 #: descriptor, then its N words (issued from the same slot).
@@ -283,7 +283,7 @@ def _lowest(m, vector, width, name):
     index = Signal(range(width), name=f"{name}_index")
     candidates = Signal(width, name=f"{name}_candidates")
     lowest = Signal(width, name=f"{name}_lowest")
-    m.d.comb += [candidates.eq(vector), lowest.eq(candidates & (~candidates + 1)),
+    m.d.comb += [candidates.eq(vector), lowest.eq(candidates & ~(candidates - 1)),
                  found.eq(candidates.any())]
     m.d.comb += index.eq(one_hot_index(lowest, width))
     return found, index
@@ -302,7 +302,7 @@ def _no_cut(value, name):
 
 
 def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared, name,
-                   cut=_no_cut, cut_rows=_no_cut):
+                   cut=_no_cut, cut_rows=_no_cut, cut_legal=_no_cut):
     """The row-major descriptor rule of :func:`ptocube.model.layout.ordinary_shape_legal`.
 
     ``cells`` is the capacity in CELLs, legal from 1 to 512 (64 KiB; ``shared``: 2048, 256
@@ -312,7 +312,8 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     ``cut(value, name)`` is applied to every value that crosses the middle of the rule: the
     identity (combinational), or a register (:class:`Preflight` splits it over two cycles).
     ``cut_rows`` likewise, after the shifts that form the row and element counts and before
-    the compares (:func:`img2col_job` splits the rule over three cycles).
+    the compares (:func:`img2col_job` splits the rule over three cycles); ``cut_legal`` on
+    each term of the final AND (the preflight's response pipeline splits it over four).
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     pow2 = (phys_cols != 0) & ((phys_cols & (phys_cols - 1)) == 0)
@@ -322,45 +323,60 @@ def ordinary_shape(m, *, dtype, cells, phys_cols, valid_rows, valid_cols, shared
     lc = Signal(4, name=f"{name}_lc")
     m.d.comb += lc.eq(one_hot_index(phys_cols, 16))
     max_cells = Mux(shared, 2048, 512)
-    early = (cells != 0) & (cells <= max_cells) & pow2 & (valid_cols <= phys_cols)
+    # The early comparisons cross the cut apart (in one AND behind the wide comparisons they
+    # were the longest path into it).
+    early = ((cells != 0) & (cells <= max_cells), pow2, valid_cols <= phys_cols)
     # A row divides the capacity (``cells`` * 1024 bits) when it has no more trailing zero
     # bits than the capacity: a comparison of logarithms after the cut (a mask of the row's
     # bits and a zero test of the capacity under it was 14 levels, issue #9).  ``cells`` =
     # 0 fails ``early``.
     width = len(Value.cast(cells))
     tz = Signal(range(width), name=f"{name}_cells_tz")
-    m.d.comb += tz.eq(one_hot_index(cells & (~cells + 1), width))
-    # The two logarithms cross the cut and are added after it (the sum behind the column
-    # count's OR trees was the longest path of the preflight's response stage).
-    early, lc, lb, cells, valid_rows, tz = (cut(v, f"{name}_{k}_cut") for k, v in (
-        ("early", early), ("lc", lc), ("lb", lb), ("cells", cells), ("valid_rows", valid_rows),
+    m.d.comb += tz.eq(one_hot_index(cells & ~(cells - 1), width))
+    # The element count (capacity bits over element bits) crosses the cut, the row count is
+    # that over the columns after it; the two logarithms cross it and are added after it
+    # (the sum behind the column count's OR trees was the longest path of the preflight's
+    # response stage, and the shift by the sum after the cut 6 levels).
+    # One shift per type code (the type's log2, then a shift by it, were 7 levels).
+    elements = Signal(22, name=f"{name}_elements")
+    with m.Switch(dtype):
+        for t in DataType:
+            with m.Case(t.value):
+                m.d.comb += elements.eq((cells << 10) >> (t.bits.bit_length() - 1))
+        with m.Default():
+            m.d.comb += elements.eq((cells << 10) >> 3)     # as ``_log2_bits``
+    early = Cat(*(cut(v, f"{name}_early{i}_cut") for i, v in enumerate(early))).all()
+    lc, lb, elements, valid_rows, tz = (cut(v, f"{name}_{k}_cut") for k, v in (
+        ("lc", lc), ("lb", lb), ("elements", elements), ("valid_rows", valid_rows),
         ("tz", tz)))
     e = Signal(5, name=f"{name}_row_log2")          # log2 of the bits in one row
     m.d.comb += e.eq(lc + lb)
-    cap_bits = Signal(22, name=f"{name}_cap_bits")
-    m.d.comb += cap_bits.eq(cells << 10)
     rows = Signal(22, name=f"{name}_rows")
-    m.d.comb += rows.eq(cap_bits >> e)
+    m.d.comb += rows.eq(elements >> lc)
     divisible = e <= tz + 10
-    elements = Signal(22, name=f"{name}_elements")
-    m.d.comb += elements.eq(cap_bits >> lb)
     early, divisible, rows, valid_rows, elements = (
         cut_rows(v, f"{name}_{k}_cut_rows") for k, v in (
             ("early", early), ("divisible", divisible), ("rows", rows),
             ("valid_rows", valid_rows), ("elements", elements)))
+    # ``rows`` fits 16 bits and holds ``valid_rows``: the high bits' zero test and one
+    # 16-bit comparison instead of two 22-bit ones.
+    terms = (early, divisible, rows[16:] == 0, valid_rows <= rows[:16])
     legal = Signal(name=f"{name}_legal")
-    m.d.comb += legal.eq(early & divisible & (rows <= 65535) & (valid_rows <= rows))
+    m.d.comb += legal.eq(Cat(*(cut_legal(v, f"{name}_term{i}_cut_legal")
+                               for i, v in enumerate(terms))).all())
     return legal, elements
 
 
-def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_need=_no_cut):
+def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_need=_no_cut,
+               cut_legal=_no_cut):
     """The CUBE descriptor shape rule of :func:`ptocube.model.layout.cube_shape_legal`.
 
     A CUBE layout and a CUBE type, ``rows`` x ``cols`` both nonzero, M within the CELL
     height of an M layout, storage within the 32768-element model bound and the CELLs
     within ``cells`` (itself 1..512).  Returns ``(legal, cells_needed, cell_cols)``;
     ``cut`` as in :func:`ordinary_shape`, before the CELL-count product, ``cut_need`` after
-    it (a multiplier's input and output registers).
+    it (a multiplier's input and output registers), ``cut_legal`` on each term of the final
+    AND.
     """
     lb = _log2_bits(m, dtype, f"{name}_lb")
     supported = _in_set(dtype, [t for t in DataType if cube_dtype_supported(t)])
@@ -394,24 +410,35 @@ def cube_shape(m, *, layout, dtype, rows, cols, cells, name, cut=_no_cut, cut_ne
                 ]
     n_rep = Signal(14, name=f"{name}_n_rep")
     m.d.comb += n_rep.eq((cols + 7) >> 3)
-    early = (supported & (n8 | m16 | m32) & (rows != 0) & (cols != 0)
-             & (~m16 | (rows <= 16)) & (~m32 | (rows <= 32)) & (cells != 0) & (cells <= 512))
-    early, n8, k_rep_n8, n_rep, sh_m, cols, limit, cells, cell_cols = (
+    # The early comparisons cross the cut apart, as in :func:`ordinary_shape`.
+    early = Cat(*(cut(v, f"{name}_early{i}_cut") for i, v in enumerate((
+        supported & (n8 | m16 | m32), (rows != 0) & (cols != 0),
+        (~m16 | (rows <= 16)) & (~m32 | (rows <= 32)), (cells != 0) & (cells <= 512))))).all()
+    n8, k_rep_n8, n_rep, sh_m, cols, limit, cells, cell_cols = (
         cut(v, f"{name}_{k}_cut") for k, v in (
-            ("early", early), ("n8", n8), ("k_rep_n8", k_rep_n8), ("n_rep", n_rep),
+            ("n8", n8), ("k_rep_n8", k_rep_n8), ("n_rep", n_rep),
             ("sh_m", sh_m), ("cols", cols), ("limit", limit), ("cells", cells),
             ("cell_cols", cell_cols)))
+    # Only the shifts of the supported types' element widths (a choice of 5 quotients,
+    # not 8: the others fail ``early``).
     k_rep_m = Signal(16, name=f"{name}_k_rep_m")
     with m.Switch(sh_m):
-        for sh in range(8):
+        log2_bits = {t.bits.bit_length() - 1 for t in DataType if cube_dtype_supported(t)}
+        for sh in sorted({s for lb in log2_bits for s in (6 - lb, 5 - lb)}):
             with m.Case(sh):
                 m.d.comb += k_rep_m.eq(ceil_shift(cols, sh))
     need = Signal(30, name=f"{name}_cells_needed")
     m.d.comb += need.eq(Mux(n8, k_rep_n8 * n_rep, k_rep_m))
-    early, need, limit, cells = (cut_need(v, f"{name}_{k}_cut_need") for k, v in (
-        ("early", early), ("need", need), ("limit", limit), ("cells", cells)))
+    # Within both bounds: within the lower one, chosen before ``cut_need`` (both fit 13
+    # bits), so that one comparison follows it.
+    bound = Signal(13, name=f"{name}_bound")
+    m.d.comb += bound.eq(Mux(limit <= cells, limit, cells))
+    early, need, bound = (cut_need(v, f"{name}_{k}_cut_need") for k, v in (
+        ("early", early), ("need", need), ("bound", bound)))
+    terms = (early, need[13:] == 0, need[:13] <= bound)
     legal = Signal(name=f"{name}_legal")
-    m.d.comb += legal.eq(early & (need <= limit) & (need <= cells))
+    m.d.comb += legal.eq(Cat(*(cut_legal(v, f"{name}_term{i}_cut_legal")
+                               for i, v in enumerate(terms))).all())
     return legal, need, cell_cols
 
 
@@ -731,8 +758,12 @@ class Preflight(wiring.Component):
             m.d.comb += [getattr(port, k).eq(v) for k, v in req[name].items()]
         # The record handshake ends in a flag, not in the phase: ``record.valid`` comes from
         # deep in the decoder and the host interface (issue #9).  IDLE with ``accepted`` is the
-        # first cycle of the record's check (the pass-through bits).
+        # first cycle of the record's check (the pass-through bits).  ``ready`` is a register
+        # too (IDLE without ``accepted``) and the held record follows the payload in every
+        # cycle it is high, so that the record's 309 clock enables come from a flip-flop, not
+        # from ``valid`` (issue #9): only the record taken stays.
         accepted = Signal(name="accepted")
+        ready = Signal(name="record_ready", init=1)
         pend = Signal(_Pend, name="pend")                 # check due on this cycle's response
         pend_pe = Signal(2, name="pend_pe")
         pend_slot = Signal(2, name="pend_slot")
@@ -740,8 +771,6 @@ class Preflight(wiring.Component):
         r = SimpleNamespace(
             gpr_val=Array(Signal(64, name=f"gpr_val{i}") for i in range(2)),
             pe_layout=Array(Signal(3, name=f"pe_layout{pe}") for pe in range(PE_COUNT)),
-            d_cells=Array(Signal(10, name=f"d_cells{pe}") for pe in range(PE_COUNT)),
-            d_cell_cols=Array(Signal(5, name=f"d_cell_cols{pe}") for pe in range(PE_COUNT)),
             out_index=Array(Signal(6, name=f"out_index{j}") for j in range(3)),
         )
         v_outcome = Signal(Outcome, name="v_outcome")
@@ -770,9 +799,13 @@ class Preflight(wiring.Component):
                 cells=x.tsize_cells[0], name=name, cut=fcut, cut_need=fcut)
             d_shape[layout] = tuple(_reg(fm, v, f"{name}_{k}_q") for k, v in (
                 ("legal", legal), ("need", need), ("cell_cols", cell_cols)))
-        d_m16 = r.pe_layout[slot[:2]] == Layout.CUBE_M16
-        d_legal, d_need, d_cell_cols = (Mux(d_m16, u, v) for u, v in zip(
-            d_shape[Layout.CUBE_M16], d_shape[Layout.CUBE_M32]))
+        # Each PE's choice by its layout, registered (``pe_layout`` is final from M_LAYOUT's
+        # end, ALLOCATE comes between): D_SHAPE and the plan choose by PE only.
+        d_by_pe = [[_reg(fm, Mux(r.pe_layout[pe] == Layout.CUBE_M16, u, v)[:w], f"d_{k}{pe}")
+                    for k, w, u, v in zip(("legal", "cells", "cell_cols"), (1, 10, 5),
+                                          d_shape[Layout.CUBE_M16], d_shape[Layout.CUBE_M32])]
+                   for pe in range(PE_COUNT)]
+        r.d_cells, r.d_cell_cols = ([d_by_pe[pe][k] for pe in range(PE_COUNT)] for k in (1, 2))
         # RowMaxOut (AUX_SHAPE slot 0): M x 1; GroupMaxOut (slot 1): M x group count.
         aux_legal = []
         for j, cols in ((1, 1), (2, x.group_count)):
@@ -791,15 +824,22 @@ class Preflight(wiring.Component):
         counts_ok = _reg(fm, Cat(*(_reg(fm, v, f"counts_ok{i}")
                                    for i, v in enumerate(self._counts_ok(x)))).all(),
                          "counts_ok")
-        ior_reads = _reg(fm, Mux(b.ior_valid, Mux(xc.is_img2col, 2, xc.n_slots), 0), "ior_reads")
-        # IOR ends at this slot: after its reads and the drain (TIMG2COL: posM and posK are
-        # not checked, so no drain, but one cycle for posK to reach its register by the
-        # verdict, which the plan carries).
-        ior_end = _reg(fm, Mux(b.ior_valid & xc.is_matrix & (xc.n_slots != 0),
-                               xc.n_slots + _DRAIN,
-                               Mux(b.ior_valid & xc.is_img2col, 3, 0)), "ior_end")
+        # IOR's reads and end, two registers deep (from the registered slot count).
+        ior_reads = _reg(fm, Mux(b.ior_valid, Mux(x.is_img2col, 2, x.n_slots), 0), "ior_reads")
+        # IOR ends at slot ``n + _DRAIN``: after its reads and the drain (TIMG2COL: posM and
+        # posK are not checked, so no drain, but one cycle for posK to reach its register by
+        # the verdict, which the plan carries), or at slot 0 without reads.  For
+        # ``slot_done`` (below): that slot less one, and whether it is 0.
+        ior_end_less1 = _reg(fm, Mux(b.ior_valid & x.is_matrix & (x.n_slots != 0),
+                                     x.n_slots + _DRAIN - 1,
+                                     Mux(b.ior_valid & x.is_img2col, 2, 0)), "ior_end_less1")
+        ior_end_zero = _reg(fm, ~b.ior_valid | (x.is_matrix & (x.n_slots == 0)), "ior_end_zero")
         dn_last = _reg(fm, dn - 1, "dn_last")
-        shared_end = _reg(fm, x.sc + _DRAIN, "shared_end")      # SHARED_RUN's reads, drained
+        # For ``stay`` one word ahead: ``word + 1 < dn_last`` is ``word < dn_before_last``.
+        dn_before_last = _reg(fm, Mux(dn_last == 0, 0, dn_last - 1), "dn_before_last")
+        dn_several = _reg(fm, dn_last != 0, "dn_several")
+        # SHARED_RUN's reads, drained, end at slot ``sc + _DRAIN``: less one.
+        shared_end_less1 = _reg(fm, x.sc + _DRAIN - 1, "shared_end_less1")
         dm_le16 = _reg(fm, dm <= 16, "dm_le16")
         dm_le32 = _reg(fm, dm <= 32, "dm_le32")
 
@@ -810,35 +850,45 @@ class Preflight(wiring.Component):
         # compared with the expected shape (registered from ``pend`` in t+1) and the first
         # third of the shape rules is computed; in t+3 (stage 1, ``pend1``) the check of the
         # read's kind is chosen into ``pend2_ok``, with the CUBE CELL count's product and the
-        # ordinary rule's shifts; in t+4 (stage 2) their comparisons complete it into
-        # ``pend3_ok``, which the FSM obeys in t+5.  Checks stay in read order; a phase moves
-        # on to a checking phase only :data:`_DRAIN` cycles after its last read, when every
-        # read's check is due by its first cycle.
+        # ordinary rule's shifts; in t+4 (stage 2) their comparisons are registered term by
+        # term, and in t+5 (stage 3) their AND completes the check into ``pend4_ok``, which
+        # the FSM obeys in t+6.  Checks stay in read order; a phase moves on to a checking
+        # phase only :data:`_DRAIN` cycles after its last read, when every read's check is
+        # due by its first cycle.
         pend0 = Signal(_Pend, name="pend0")
         pend0_pe = Signal(2, name="pend0_pe")
         pend0_slot = Signal(2, name="pend0_slot")
-        pend0_zero = Signal(name="pend0_gpr_zero")
         pend1 = Signal(_Pend, name="pend1")
         pend1_pe = Signal(2, name="pend1_pe")
         pend1_slot = Signal(2, name="pend1_slot")
         pend2_pe = Signal(2, name="pend2_pe")
         pend2_ok = Signal(name="pend2_ok", init=1)
+        pend2_param_ok = Signal(name="pend2_param_ok", init=1)
         pend2_cube = Signal(name="pend2_cube")
         pend2_ord = Signal(name="pend2_ord")
         pend2_check = Signal(Check, name="pend2_check")
         pend3_pe = Signal(2, name="pend3_pe")
         pend3_ok = Signal(name="pend3_ok", init=1)
+        pend3_cube = Signal(name="pend3_cube")
+        pend3_ord = Signal(name="pend3_ord")
         pend3_check = Signal(Check, name="pend3_check")
+        pend4_pe = Signal(2, name="pend4_pe")
+        pend4_ok = Signal(name="pend4_ok", init=1)
+        pend4_check = Signal(Check, name="pend4_check")
         with m.If(phase == Phase.IDLE):
             m.d.sync += [pend0.eq(_Pend.NONE), pend1.eq(_Pend.NONE), pend2_ok.eq(1),
-                         pend2_cube.eq(0), pend2_ord.eq(0), pend3_ok.eq(1)]
+                         pend2_param_ok.eq(1),
+                         pend2_cube.eq(0), pend2_ord.eq(0), pend3_ok.eq(1), pend3_cube.eq(0),
+                         pend3_ord.eq(0), pend4_ok.eq(1)]
         with m.Else():
             m.d.sync += [pend0.eq(pend), pend0_pe.eq(pend_pe), pend0_slot.eq(pend_slot),
-                         pend0_zero.eq(pend_zero),
                          pend1.eq(pend0), pend1_pe.eq(pend0_pe), pend1_slot.eq(pend0_slot),
                          pend2_pe.eq(pend1_pe),
-                         pend3_pe.eq(pend2_pe), pend3_check.eq(pend2_check)]
-        pend_ok, pend_check, pend_pe_due = pend3_ok, pend3_check, pend3_pe
+                         pend3_pe.eq(pend2_pe), pend3_check.eq(pend2_check),
+                         pend3_ok.eq(pend2_ok & pend2_param_ok), pend3_cube.eq(pend2_cube),
+                         pend3_ord.eq(pend2_ord),
+                         pend4_pe.eq(pend3_pe), pend4_check.eq(pend3_check)]
+        pend_ok, pend_check, pend_pe_due = pend4_ok, pend4_check, pend4_pe
 
         # t+1: the answers, registered; and what the answer must show, from ``pend``.
         desc, sdesc = Signal(TileDescLayout, name="desc_r"), Signal(SharedDescLayout,
@@ -846,7 +896,10 @@ class Preflight(wiring.Component):
         m.d.sync += [desc.eq(self.tile_rd.desc), sdesc.eq(self.shared_rd.desc)]
         defined = _reg(sm, self.tile_rd.defined, "defined_r")
         sdefined = _reg(sm, self.shared_rd.defined, "sdefined_r")
-        gpr_data = _reg(sm, self.gpr_rd.data, "gpr_data_r")
+        # GPR 0 reads as zero: cleared as it is registered (the GPR read data is a register
+        # of the tile store's; a choice after this register was in front of the checks' zero
+        # tests).
+        gpr_data = _reg(sm, Mux(pend_zero, 0, self.gpr_rd.data), "gpr_data_r")
         word_data = _reg(sm, self.word_rd.data, "word_data_r")
         # Local sources: the valid shape and type, whether the location must be Any, and
         # which layout rule applies.
@@ -890,8 +943,9 @@ class Preflight(wiring.Component):
         ord_in = {k: Signal(w, name=f"ord_{k}") for k, w in (
             ("dtype", 5), ("cells", 12), ("phys_cols", 16), ("valid_rows", 16),
             ("valid_cols", 16), ("shared", 1))}
-        ord_legal, _ = ordinary_shape(sm, name="ord", cut=cut, cut_rows=cut, **ord_in)
-        cube_legal, _, _ = cube_shape(sm, name="cube", cut=cut, cut_need=cut,
+        ord_legal, _ = ordinary_shape(sm, name="ord", cut=cut, cut_rows=cut, cut_legal=cut,
+                                      **ord_in)
+        cube_legal, _, _ = cube_shape(sm, name="cube", cut=cut, cut_need=cut, cut_legal=cut,
                                       layout=desc.layout, dtype=desc.dtype,
                                       rows=desc.valid_rows, cols=desc.valid_cols,
                                       cells=desc.cells)
@@ -907,18 +961,18 @@ class Preflight(wiring.Component):
                          ord_in["valid_rows"].eq(desc.valid_rows),
                          ord_in["valid_cols"].eq(desc.valid_cols)]
 
-        gpr_word = Mux(pend0_zero, 0, gpr_data)
         with m.If(pend0 == _Pend.GPR):
-            m.d.sync += r.gpr_val[pend0_slot[0]].eq(gpr_word)
+            m.d.sync += r.gpr_val[pend0_slot[0]].eq(gpr_data)
         # One parameter check per source of words, stage 1 chooses (a choice of the word in
-        # front of the checks' zero tests was their longest path, issue #9).
+        # front of the checks' zero tests was their longest path, issue #9).  The checks
+        # register the words' field tests and apply the mode after them (in one piece, the
+        # mode's table and the 64-bit zero tests were 7 levels).
         param_ok = {}
-        for src, word_in in (("gpr", gpr_word), ("word", word_data)):
-            m.submodules[f"param_{src}"] = param = ParamCheck(cfg)
+        for src, word_in in (("gpr", gpr_data), ("word", word_data)):
+            m.submodules[f"param_{src}"] = param = ParamCheck(cfg, registered=True)
             m.d.comb += [param.mode.eq(f.pre_quant_mode), param.quant.eq(word_in),
                          param.alpha.eq(word_in)]
-            param_ok[src] = (_reg(sm, param.quant_ok, f"{src}_quant_ok_q"),
-                             _reg(sm, param.alpha_ok, f"{src}_alpha_ok_q"))
+            param_ok[src] = (param.quant_ok, param.alpha_ok)
         # A's layout (C's when A is Shared) is D's on that PE; kept from the answer so that
         # C's rule, read the cycle after A on the same PE, can compare with it.
         with m.If((pend0 == _Pend.A) | ((pend0 == _Pend.C) & ~x.a_local)):
@@ -953,35 +1007,38 @@ class Preflight(wiring.Component):
         # Stage 1: the check of the read's kind.
         ok = Signal(name="pend1_ok", init=1)
         check = Signal(Check, name="pend1_check")
+        # The parameter words' checks apart, into ``pend2_param_ok`` (their mode's choice
+        # comes after their registers, ``ParamCheck``).
+        param = Signal(name="pend1_param_ok", init=1)
         with m.Switch(pend1):
             with m.Case(_Pend.GPR):
                 alpha_slot = (pend1_slot == 1) | ~x.scalar_quant
                 m.d.comb += [check.eq(Check.BINDINGS),
-                             ok.eq(x.is_img2col | Mux(alpha_slot, param_ok["gpr"][1],
-                                                      param_ok["gpr"][0]))]
+                             param.eq(x.is_img2col | Mux(alpha_slot, param_ok["gpr"][1],
+                                                         param_ok["gpr"][0]))]
             with m.Case(_Pend.SHARED):
                 m.d.comb += [check.eq(Check.SHARED), ok.eq(shared_ok)]
             with m.Case(_Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC):
                 m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(ordinary_ok)]
             with m.Case(_Pend.QWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param_ok["word"][0])]
+                m.d.comb += [check.eq(Check.POSTPROCESS), param.eq(param_ok["word"][0])]
             with m.Case(_Pend.AWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(param_ok["word"][1])]
+                m.d.comb += [check.eq(Check.POSTPROCESS), param.eq(param_ok["word"][1])]
             with m.Case(_Pend.A, _Pend.C, _Pend.B):
                 m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(cube_ok)]
             with m.Case(_Pend.SA, _Pend.SB, _Pend.BIAS):
                 m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(ordinary_ok)]
-        # Stage 2: the shape rules' comparisons (``cube_legal``, ``ord_legal``: two registers
-        # deep), for the kinds whose rule they are.
+        # Stages 2 and 3: the shape rules' comparisons, each registered, then their AND
+        # (``cube_legal``, ``ord_legal``), for the kinds whose rule they are.
         with m.If(phase != Phase.IDLE):
-            m.d.sync += [pend2_ok.eq(ok), pend2_check.eq(check),
+            m.d.sync += [pend2_ok.eq(ok), pend2_param_ok.eq(param), pend2_check.eq(check),
                          pend2_cube.eq((pend1 == _Pend.A) | (pend1 == _Pend.B)
                                        | (pend1 == _Pend.C)),
                          pend2_ord.eq(_in_set(pend1, [k.value for k in (
                              _Pend.SHARED, _Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC, _Pend.SA,
                              _Pend.SB, _Pend.BIAS)])),
-                         pend3_ok.eq(pend2_ok & (~pend2_cube | cube_legal)
-                                     & (~pend2_ord | ord_legal))]
+                         pend4_ok.eq(pend3_ok & (~pend3_cube | cube_legal)
+                                     & (~pend3_ord | ord_legal))]
         m.d.sync += [pend.eq(issue), pend_pe.eq(issue_pe), pend_slot.eq(issue_slot),
                      pend_zero.eq(issue_zero), issue.eq(_Pend.NONE)]
         m.d.sync += [r["en"].eq(0) for r in req.values()]  # unless a phase issues a read below
@@ -1004,15 +1061,18 @@ class Preflight(wiring.Component):
         math_vec = _reg(fm, slot_vector(math_present), "math_slots")
         sel_vec = _sig(fm, Cat(*x.selected), "selected_pes")
         # A walk (the slots of a per-PE phase, in order) keeps its next slot in registers,
-        # ``walk_next`` (one-hot) and ``walk_found``, and the slots after that one in
-        # ``rest``, whose lowest is the next ``walk_next`` (a search above ``slot`` was 21
-        # levels from ``slot`` back to itself, issue #9).  A phase starts its walk from
-        # facts: the first two slots and the rest.
+        # ``walk_next`` (one-hot, and its index ``walk_next_index``, which ``slot`` takes
+        # without an OR tree) and ``walk_found``, and the slots after that one in ``rest``,
+        # whose lowest is the next ``walk_next`` (a search above ``slot`` was 21 levels from
+        # ``slot`` back to itself, issue #9).  A phase starts its walk from facts: the first
+        # two slots (the second one-hot and as an index) and the rest.
         def walk(vector, width, name):
             after1 = _reg(fm, vector & (vector - 1), f"{name}_after1")
+            second = _sig(fm, after1 & ~(after1 - 1), f"{name}_second_lowest")
             return (first(vector, width, f"{name}_first"),
                     (_reg(fm, after1 != 0, f"{name}_second_found"),
-                     _reg(fm, after1 & (~after1 + 1), f"{name}_second")),
+                     _reg(fm, second, f"{name}_second"),
+                     _reg(fm, one_hot_index(second, width), f"{name}_second_index")),
                     _reg(fm, after1 & (after1 - 1), f"{name}_after2"))
 
         post_walk = walk(post_vec, 32, "post")
@@ -1020,30 +1080,27 @@ class Preflight(wiring.Component):
         pe_walk = walk(sel_vec, PE_COUNT, "pe")
         post_first, math_first = post_walk[0], math_walk[0]
         walk_next = Signal(32, name="walk_next")
+        walk_next_index = Signal(5, name="walk_next_index")     # of the one-hot ``walk_next``
         walk_found, rest = self.walk_found, self.walk_rest
-        rest_lowest = _sig(nm, rest & (~rest + 1), "walk_rest_lowest")
+        rest_lowest = _sig(nm, rest & ~(rest - 1), "walk_rest_lowest")
         role, slot_pe = slot[0:3], slot[3:5]
 
         # ---- static checks (registers of the record's facts; the facts submodule) ------
-        # Record sanity: rules the decoder already enforces, with the decoder's classes.
-        size_codes_ok = _reg(fm, Cat(*[(j >= b.dest_count)
-                                       | ((b.destinations[j].size_code >= 1)
-                                          & (b.destinations[j].size_code <= 10))
-                                       for j in range(3)]).all(), "size_codes_ok")
-        fpatr_reserved = _reg(fm, b.fpatr_valid & (~xc.mode["known"] | (f.relu_mode > 3)
-                                                   | (f.group_n_code > 9)), "fpatr_reserved")
-        fpatr_enables_ok = _reg(fm, (~f.row_max_init | f.row_max_en)
-                                & (f.group_max_en == (f.group_n_code != 0))
-                                & (~f.max_abs_en | f.row_max_en | f.group_max_en),
-                                "fpatr_enables_ok")
+        # Record sanity: rules the decoder already enforces, with the decoder's classes
+        # (START's conditions, registered there).
+        size_codes_ok = Cat(*[(j >= b.dest_count) | ((b.destinations[j].size_code >= 1)
+                                                     & (b.destinations[j].size_code <= 10))
+                              for j in range(3)]).all()
+        fpatr_reserved = b.fpatr_valid & (~xc.mode["known"] | (f.relu_mode > 3)
+                                          | (f.group_n_code > 9))
+        fpatr_enables_ok = ((~f.row_max_init | f.row_max_en)
+                            & (f.group_max_en == (f.group_n_code != 0))
+                            & (~f.max_abs_en | f.row_max_en | f.group_max_en))
         ior = b.ior
-        i2c_bindings_ok = _reg(fm, (b.local_count == 1) & (b.dest_count == 1) & b.terminated,
-                               "i2c_bindings_ok")
-        i2c_ior_ok = _reg(fm, ~b.ior_valid | ((ior.reg_src2 == 0) & (ior.reg_dst == 0)),
-                          "i2c_ior_ok")
-        i2c_dims_ok = _reg(fm, b.dims[0].written
-                           & Cat(*[~b.dims[i].written | (x.dims[i] != 0) for i in range(3)]).all(),
-                           "i2c_dims_ok")
+        i2c_bindings_ok = (b.local_count == 1) & (b.dest_count == 1) & b.terminated
+        i2c_ior_ok = ~b.ior_valid | ((ior.reg_src2 == 0) & (ior.reg_dst == 0))
+        i2c_dims_ok = b.dims[0].written & Cat(*[~b.dims[i].written | (x.dims[i] != 0)
+                                                for i in range(3)]).all()
 
         def pow2(v):
             return (v != 0) & ((v & (v - 1)) == 0)
@@ -1056,19 +1113,22 @@ class Preflight(wiring.Component):
                                dims_nz.all()), "dims_ok")
         rmode = Mux(b.datr_valid, b.datr.rmode, 0)
         sat = Mux(b.datr_valid, b.datr.sat, 0)
-        attributes_ok = _reg(fm, ((rmode == 0) | xc.mode["rmode_free"])
-                             & (~sat | xc.mode["sat_free"]) & ((xc.n_slots == 0) | b.ior_valid),
+        # From the registered mode table (two deep, like ``dims_ok``; from the record it was
+        # the table's lookup and the slot count's adder in front of the rule, 7 levels).
+        attributes_ok = _reg(fm, ((rmode == 0) | x.mode["rmode_free"])
+                             & (~sat | x.mode["sat_free"]) & ((x.n_slots == 0) | b.ior_valid),
                              "attributes_ok")
         datr_ok = _reg(fm, ~b.datr_valid | ((b.datr.layout == 0) & (b.datr.pad == 0)
                                             & (b.datr.cmode == 0) & (b.datr.canonicalize == 0)),
                        "datr_ok")
         trans_ok = _reg(fm, Mux(x.sc == 0, ~f.trans_a & ~f.trans_b, ~f.trans_a | xc.a_shared),
                         "trans_ok")
-        acc_ok = _reg(fm, xc.mode["built"]
-                      & ((f.pre_quant_mode == 0) | (xc.mode["source"] == xc.acc)), "acc_ok")
+        acc_ok = _reg(fm, x.mode["built"]
+                      & ((f.pre_quant_mode == 0) | (x.mode["source"] == x.acc)), "acc_ok")
         cd_ok = _reg(fm, ~xc.uses_acc | (b.local_sources[0] != b.destinations[0].hand), "cd_ok")
         gemv_ok = _reg(fm, ~xc.is_gemv | (dm == 1), "gemv_ok")
         d_fits = _reg(fm, (xc.tsize_cells[0] << 7) <= tile_capacity, "d_fits")
+        d_ok = Array(_sig(fm, d_by_pe[pe][0] & d_fits, f"d_ok{pe}") for pe in range(PE_COUNT))
 
         def first_fault(name, chain):
             """The first of ``chain`` ((condition, class, check) in the model's order) that
@@ -1084,25 +1144,28 @@ class Preflight(wiring.Component):
                     fm.d.sync += [bad.eq(1), cls.eq(c), chk.eq(k)]
             return bad, cls, chk
 
-        # START (two registers deep: its third cycle) and STATIC (4c, 4d, R8, 5).
-        i2c, mat = x.is_img2col, x.is_matrix
+        # START (two registers deep: its third cycle; each condition a register of the
+        # record's, the chain of priorities after them) and STATIC (4c, 4d, R8, 5).
+        i2c, mat = xc.is_img2col, xc.is_matrix
         start_fault = first_fault("start", [
-            (~x.op_known | ~size_codes_ok | fpatr_reserved, II, Check.WELL_FORMED),
-            (i2c & b.fpatr_valid, BC, Check.WELL_FORMED),
-            (i2c & (x.sc != 0), TL, Check.WELL_FORMED),
-            (i2c & (~i2c_bindings_ok | ~i2c_ior_ok), BC, Check.WELL_FORMED),
-            (i2c & b.datr_valid & (b.datr.as_value() != 0), TL, Check.I2C_ATTRIBUTES),
-            (i2c & ~i2c_dims_ok, TL, Check.I2C_DIMENSIONS),
-            (mat & ~b.fpatr_valid, BC, Check.WELL_FORMED),
-            (mat & ~fpatr_enables_ok, TL, Check.WELL_FORMED),
-            (mat & ~x.types_ok, TL, Check.TYPES)])
+            (_reg(fm, cond, f"start_cond{i}"), c, k) for i, (cond, c, k) in enumerate([
+                (~xc.op_known | ~size_codes_ok | fpatr_reserved, II, Check.WELL_FORMED),
+                (i2c & b.fpatr_valid, BC, Check.WELL_FORMED),
+                (i2c & (x.sc != 0), TL, Check.WELL_FORMED),
+                (i2c & (~i2c_bindings_ok | ~i2c_ior_ok), BC, Check.WELL_FORMED),
+                (i2c & b.datr_valid & (b.datr.as_value() != 0), TL, Check.I2C_ATTRIBUTES),
+                (i2c & ~i2c_dims_ok, TL, Check.I2C_DIMENSIONS),
+                (mat & ~b.fpatr_valid, BC, Check.WELL_FORMED),
+                (mat & ~fpatr_enables_ok, TL, Check.WELL_FORMED),
+                (mat & ~xc.types_ok, TL, Check.TYPES)])])
         static_fault = first_fault("static", [
             (~datr_ok, TL, Check.DATR), (~dims_ok, TL, Check.DIMENSIONS),
             (~attributes_ok, TL, Check.ATTRIBUTES), (~gemv_ok, TL, Check.GEMV_M)])
 
         # Step 10: each selected PE's M layout (A's, else C's, else from M) must hold M.
-        # Registers of ``r.pe_layout``, which the last read's answer set four cycles or more
-        # before M_LAYOUT (the MATH phases' drain and CD_INDEX).
+        # Registers of ``r.pe_layout``, which the last read's answer sets five cycles or more
+        # before M_LAYOUT (the MATH phases' drain and CD_INDEX): the layouts, their check
+        # and the first failing PE, three deep.
         have_layout = x.a_local | x.uses_acc
         m_layouts = [_reg(fm, Mux(have_layout, r.pe_layout[pe],
                                   Mux(dm_le16, Layout.CUBE_M16, Layout.CUBE_M32)),
@@ -1111,11 +1174,12 @@ class Preflight(wiring.Component):
             ((m_layouts[pe] == Layout.CUBE_M16) & dm_le16)
             | ((m_layouts[pe] == Layout.CUBE_M32) & dm_le32)) for pe in range(PE_COUNT)]),
             "m_layout_bad")
-        m_layout_fault = _lowest(fm, m_layout_bad, PE_COUNT, "m_layout_bad")
+        m_layout_fault = first(m_layout_bad, PE_COUNT, "m_layout_bad")
 
-        # Step 11, three registers deep: the free registers of each destination's hand, less
+        # Step 11, four registers deep: the free registers of each destination's hand, less
         # the k lowest when k earlier destinations name the same hand (they take those);
-        # their lowest; then the verdict.  With the core capacity charge and each PE's memory.
+        # their lowest; then the verdict (``allocation_ok``: TIMG2COL's ALLOCATE can be
+        # START's fifth cycle).  With the core capacity charge and each PE's memory.
         free = ~self.alloc.allocated
         taken, found_bits = [], []
         for j in range(3):
@@ -1151,7 +1215,7 @@ class Preflight(wiring.Component):
                         f"pe_room{pe}") for pe in range(PE_COUNT)]
         pe_fits = [_reg(fm, ~x.selected[pe] | (group_bytes <= pe_room[pe]), f"pe_fits{pe}")
                    for pe in range(PE_COUNT)]
-        allocation_ok = _sig(fm, Cat(*found_bits, *capacity_ok, *pe_fits).all(),
+        allocation_ok = _reg(fm, Cat(*found_bits, *capacity_ok, *pe_fits).all(),
                              "allocation_ok")
 
         # ---- the phases ---------------------------------------------------------------
@@ -1161,8 +1225,22 @@ class Preflight(wiring.Component):
         # does not matter (VERDICT holds the verdict, every other register is set again
         # before it is used), so the chain of fault checks in front of the phase is not in
         # front of them (it was their longest path, issue #9).
-        scanning = (role == 2) | (role == 4)
-        stay = scanning & (word < dn_last)      # a scan's word N-1 not issued yet
+        def scans(s):
+            return (s[0:3] == 2) | (s[0:3] == 4)
+
+        scanning = scans(slot)
+        # Registers of the walk's conditions, set with ``slot`` and ``word`` (below), so that
+        # no comparison of ``word`` is in front of the walk's 64 enables or of the phase
+        # (``word < dn_last`` was the walk's longest path, issue #9): ``stay``, a scan's word
+        # N-1 not issued yet (``scanning & (word < dn_last)``); ``word_zero``; ``word_ge``
+        # and ``word_gt``, ``word`` >= and > :data:`_DRAIN`.
+        stay = Signal(name="stay")
+        # ``slot_done``: ``slot`` is the last of a counting phase's (START 2, IOR and
+        # SHARED_RUN after their reads and drain), a register set with ``slot``.
+        slot_done = Signal(name="slot_done")
+        word_zero = Signal(name="word_zero", init=1)
+        word_ge = Signal(name="word_ge_drain")
+        word_gt = Signal(name="word_gt_drain")
         wanted = Mux(aux_is_group, f.group_max_en, f.row_max_en)
         aux_bad = wanted & ~Mux(aux_is_group, aux_legal[1], aux_legal[0])
         m_bad, m_bad_pe = m_layout_fault
@@ -1175,99 +1253,111 @@ class Preflight(wiring.Component):
             m.d.sync += [req[port]["en"].eq(1), issue.eq(kind)]
 
         # No read is pending in IDLE, VERDICT and HOLD: they do not wait for ``pend_ok``.
-        m.d.sync += accepted.eq(0)          # high for the one cycle after the handshake
-        with m.If(phase == Phase.IDLE):
-            # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them): only
-            # the record and ``accepted`` wait for ``valid``.
-            with m.If(~accepted):
-                m.d.comb += self.record.ready.eq(1)
-                with m.If(self.record.valid):
-                    m.d.sync += [rec.eq(self.record.payload), accepted.eq(1)]
-            with m.Else():
-                # A fault record or a no-op has its verdict; the others START.
-                to(Mux((rec.fault != FaultClass.NONE) | b.noop, Phase.VERDICT, Phase.START))
-        with m.Elif(phase == Phase.VERDICT):
-            m.d.comb += self.verdict.valid.eq(1)
-            with m.If(self.verdict.ready):
-                to(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
-        with m.Elif(phase == Phase.HOLD):
-            m.d.comb += self.commit_enable.eq(1)
-            with m.If(self.exec_done):
-                to(Phase.IDLE)
-        with m.Elif(~pend_ok):
+        # ``accepted`` is high for the one cycle after the handshake; ``ready`` rises with
+        # every way into IDLE.
+        m.d.sync += [accepted.eq(ready & self.record.valid),
+                     ready.eq(ready & ~self.record.valid)]
+        m.d.comb += self.record.ready.eq(ready)
+        with m.If(ready):
+            m.d.sync += rec.eq(self.record.payload)
+        with m.Switch(phase):
+            with m.Case(Phase.IDLE):
+                # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them):
+                # only the record and ``accepted`` wait for ``valid``.
+                with m.If(accepted):
+                    # A fault record or a no-op has its verdict; the others START.
+                    to(Mux((rec.fault != FaultClass.NONE) | b.noop, Phase.VERDICT, Phase.START))
+            with m.Case(Phase.VERDICT):
+                m.d.comb += self.verdict.valid.eq(1)
+                with m.If(self.verdict.ready):
+                    to(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
+                    m.d.sync += ready.eq(v_outcome != Outcome.APPROVE)
+            with m.Case(Phase.HOLD):
+                m.d.comb += self.commit_enable.eq(1)
+                with m.If(self.exec_done):
+                    to(Phase.IDLE)
+                    m.d.sync += ready.eq(1)
+            with m.Case(Phase.START):
+                # Slots 1 and 2: the facts' registers settle.
+                with m.If(slot_done):
+                    to(Mux(start_fault[0], Phase.VERDICT, Phase.IOR))
+
+            with m.Case(Phase.IOR):
+                # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
+                # Its first cycle ends step 4b: the binding counts, two registers deep.
+                # Its reads come before its end (``slot_done`` first: the walk's ``slot``
+                # obeys it alone).
+                with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
+                    to(Phase.VERDICT)
+                with m.Elif(slot_done):
+                    to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
+                with m.Elif(slot < ior_reads):
+                    m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
+
+            with m.Case(Phase.STATIC):
+                to(Mux(static_fault[0], Phase.VERDICT, Phase.SHARED_ENTRY))
+
+            with m.Case(Phase.SHARED_ENTRY):
+                to(Mux(~trans_ok, Phase.VERDICT,
+                       Mux(x.sc == 0, Phase.POST_ENTRY, Phase.SHARED_RUN)))
+
+            with m.Case(Phase.SHARED_RUN):
+                with m.If(slot_done):
+                    to(Phase.POST_ENTRY)
+                with m.Elif(slot < x.sc):
+                    read("shared", _Pend.SHARED)
+
+            with m.Case(Phase.POST_ENTRY):
+                to(Mux(~acc_ok, Phase.VERDICT,
+                       Mux(post_first[0], Phase.POST_RUN, Phase.MATH_ENTRY)))
+
+            with m.Case(Phase.POST_RUN):
+                kind = Array([Const(k.value, 4) for k in _POST_ROLES])[role]
+                m.d.sync += [req["word"]["en"].eq(scanning), req["tile"]["en"].eq(~scanning),
+                             issue.eq(kind)]
+                # A scan stays on its slot until word N-1 was issued.
+                with m.If(~stay & ~walk_found):
+                    to(Phase.MATH_ENTRY)
+
+            with m.Case(Phase.MATH_ENTRY):
+                with m.If(math_first[0]):
+                    to(Phase.MATH_RUN)
+                with m.Elif(~post_first[0] | word_ge):
+                    to(Phase.CD_INDEX)      # after POST_RUN's last checks
+
+            with m.Case(Phase.MATH_RUN):
+                kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
+                # ``word`` counts the cycles after the last read.
+                with m.If(word_zero):
+                    read("tile", kind)
+                with m.Elif(word_gt):
+                    to(Phase.CD_INDEX)
+
+            with m.Case(Phase.CD_INDEX):
+                to(Mux(~cd_ok, Phase.VERDICT, Phase.M_LAYOUT))
+
+            with m.Case(Phase.M_LAYOUT):
+                to(Mux(m_bad, Phase.VERDICT, Phase.ALLOCATE))
+
+            with m.Case(Phase.ALLOCATE):
+                to(Mux(~allocation_ok | x.is_img2col, Phase.VERDICT, Phase.D_SHAPE))
+
+            with m.Case(Phase.D_SHAPE):
+                to(Mux(~d_ok[slot[:2]], Phase.VERDICT,
+                       Mux(walk_found, Phase.D_SHAPE, Phase.AUX_SHAPE)))
+
+            with m.Case(Phase.AUX_SHAPE):
+                with m.If(aux_bad | (slot != 0)):
+                    to(Phase.VERDICT)
+
+        # A failing check preempts whatever a checking phase does (no read, the verdict
+        # next): after the phases, so that it wins, and beside their choice instead of in
+        # front of it (a chain of priorities in front of the phase, issue #9).
+        checking = ((phase.as_value() >= Phase.START.value)
+                    & (phase.as_value() <= Phase.AUX_SHAPE.value))
+        with m.If(~pend_ok & checking):
             to(Phase.VERDICT)
-        with m.Else():
-            with m.Switch(phase):
-                with m.Case(Phase.START):
-                    # Slots 1 and 2: the facts' registers settle.
-                    with m.If(slot >= 2):
-                        to(Mux(start_fault[0], Phase.VERDICT, Phase.IOR))
-
-                with m.Case(Phase.IOR):
-                    # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
-                    # Its first cycle ends step 4b: the binding counts, two registers deep.
-                    with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
-                        to(Phase.VERDICT)
-                    with m.Elif(slot < ior_reads):
-                        m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
-                    with m.Elif(slot >= ior_end):
-                        to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
-
-                with m.Case(Phase.STATIC):
-                    to(Mux(static_fault[0], Phase.VERDICT, Phase.SHARED_ENTRY))
-
-                with m.Case(Phase.SHARED_ENTRY):
-                    to(Mux(~trans_ok, Phase.VERDICT,
-                           Mux(x.sc == 0, Phase.POST_ENTRY, Phase.SHARED_RUN)))
-
-                with m.Case(Phase.SHARED_RUN):
-                    with m.If(slot < x.sc):
-                        read("shared", _Pend.SHARED)
-                    with m.Elif(slot >= shared_end):
-                        to(Phase.POST_ENTRY)
-
-                with m.Case(Phase.POST_ENTRY):
-                    to(Mux(~acc_ok, Phase.VERDICT,
-                           Mux(post_first[0], Phase.POST_RUN, Phase.MATH_ENTRY)))
-
-                with m.Case(Phase.POST_RUN):
-                    kind = Array([Const(k.value, 4) for k in _POST_ROLES])[role]
-                    m.d.sync += [req["word"]["en"].eq(scanning), req["tile"]["en"].eq(~scanning),
-                                 issue.eq(kind)]
-                    # A scan stays on its slot until word N-1 was issued.
-                    with m.If(~stay & ~walk_found):
-                        to(Phase.MATH_ENTRY)
-
-                with m.Case(Phase.MATH_ENTRY):
-                    with m.If(math_first[0]):
-                        to(Phase.MATH_RUN)
-                    with m.Elif(~post_first[0] | (word >= _DRAIN)):
-                        to(Phase.CD_INDEX)      # after POST_RUN's last checks
-
-                with m.Case(Phase.MATH_RUN):
-                    kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
-                    # ``word`` counts the cycles after the last read.
-                    with m.If(word == 0):
-                        read("tile", kind)
-                    with m.Elif(word > _DRAIN):
-                        to(Phase.CD_INDEX)
-
-                with m.Case(Phase.CD_INDEX):
-                    to(Mux(~cd_ok, Phase.VERDICT, Phase.M_LAYOUT))
-
-                with m.Case(Phase.M_LAYOUT):
-                    to(Mux(m_bad, Phase.VERDICT, Phase.ALLOCATE))
-
-                with m.Case(Phase.ALLOCATE):
-                    to(Mux(~allocation_ok | x.is_img2col, Phase.VERDICT, Phase.D_SHAPE))
-
-                with m.Case(Phase.D_SHAPE):
-                    to(Mux(~d_legal | ~d_fits, Phase.VERDICT,
-                           Mux(walk_found, Phase.D_SHAPE, Phase.AUX_SHAPE)))
-
-                with m.Case(Phase.AUX_SHAPE):
-                    with m.If(aux_bad | (slot != 0)):
-                        to(Phase.VERDICT)
+            m.d.sync += [issue.eq(_Pend.NONE)] + [r["en"].eq(0) for r in req.values()]
 
         # The verdict this cycle would give, taken in every cycle but VERDICT's: the class,
         # check and PE of the phase's own fault, unless a read's check fails first (the
@@ -1317,43 +1407,58 @@ class Preflight(wiring.Component):
         # does not fault, and are 0 in every other phase; ``rest`` (the slots to come) is
         # loaded with a walk's first slot and follows its moves.
         def start_walk(w):
-            (_, first_index), (second_found, second), after2 = w
+            (_, first_index), (second_found, second, second_index), after2 = w
             m.d.sync += [slot.eq(first_index), walk_next.eq(second),
-                         walk_found.eq(second_found), rest.eq(after2)]
+                         walk_next_index.eq(second_index), walk_found.eq(second_found),
+                         rest.eq(after2)]
 
         def advance():
-            m.d.sync += [slot.eq(one_hot_index(walk_next, 32)), walk_next.eq(rest_lowest),
+            m.d.sync += [slot.eq(walk_next_index), walk_next.eq(rest_lowest),
+                         walk_next_index.eq(one_hot_index(rest_lowest, 32)),
                          walk_found.eq(rest.any()), rest.eq(rest & (rest - 1))]
 
-        m.d.sync += [slot.eq(0), word.eq(0)]
+        def count():
+            """Stay on the slot, one more word (``word`` + 1 >= / > _DRAIN)."""
+            m.d.sync += [slot.eq(slot), word.eq(word + 1), word_zero.eq(0),
+                         word_ge.eq(word >= _DRAIN - 1), word_gt.eq(word_ge)]
+
+        def count_slot(end_less1, next_done):
+            """``slot`` + 1 up to the phase's end, then 0 (``next_done``: ``slot_done`` for
+            slot 0 of the phase after)."""
+            m.d.sync += [slot.eq(Mux(slot_done, 0, slot + 1)),
+                         slot_done.eq(Mux(slot_done, next_done, slot >= end_less1))]
+
+        m.d.sync += [slot.eq(0), word.eq(0), word_zero.eq(1), word_ge.eq(0), word_gt.eq(0),
+                     stay.eq(0), slot_done.eq(0)]
         with m.Switch(phase):
             with m.Case(Phase.IDLE):
                 m.d.sync += slot.eq(accepted)                       # START's slot 1
             with m.Case(Phase.START):
-                m.d.sync += slot.eq(Mux(slot >= 2, 0, slot + 1))
+                count_slot(1, ior_end_zero)                         # slots 1, 2
             with m.Case(Phase.IOR):
-                m.d.sync += slot.eq(Mux(slot >= ior_end, 0, slot + 1))
+                count_slot(ior_end_less1, 0)
             with m.Case(Phase.SHARED_RUN):
-                m.d.sync += slot.eq(Mux(slot >= shared_end, 0, slot + 1))
+                count_slot(shared_end_less1, 0)
             with m.Case(Phase.POST_ENTRY):
                 start_walk(post_walk)
+                m.d.sync += stay.eq(scans(post_first[1]) & dn_several)
             with m.Case(Phase.POST_RUN):
                 with m.If(stay):
-                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]
+                    count()
+                    m.d.sync += stay.eq(word < dn_before_last)
                 with m.Else():
                     advance()
+                    m.d.sync += stay.eq(scans(walk_next_index) & dn_several)
             with m.Case(Phase.MATH_ENTRY):
                 with m.If(math_first[0]):
                     start_walk(math_walk)
-                with m.Elif(post_first[0] & (word < _DRAIN)):
-                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]  # POST_RUN's last checks
+                with m.Elif(post_first[0] & ~word_ge):
+                    count()                                 # POST_RUN's last checks
             with m.Case(Phase.MATH_RUN):
-                with m.If((word == 0) & walk_found):
+                with m.If(word_zero & walk_found):
                     advance()
-                with m.Elif(word == 0):
-                    m.d.sync += [slot.eq(slot), word.eq(1)]     # the last read's slot
-                with m.Elif(word <= _DRAIN):
-                    m.d.sync += [slot.eq(slot), word.eq(word + 1)]
+                with m.Elif(~word_gt):
+                    count()                 # from the last read's slot, word 1, to the drain
             with m.Case(Phase.ALLOCATE):
                 start_walk(pe_walk)
             with m.Case(Phase.D_SHAPE):
@@ -1379,16 +1484,14 @@ class Preflight(wiring.Component):
                                             vec_index), math_index)),
         ]
 
-        # The plan's registers, set by their phases whether the phase faults or not.
+        # The plan's registers, set by their phases whether the phase faults or not (D's CELL
+        # geometry: ``d_by_pe``).
         with m.Switch(phase):
             with m.Case(Phase.M_LAYOUT):
                 m.d.sync += [r.pe_layout[pe].eq(m_layouts[pe]) for pe in range(PE_COUNT)]
             with m.Case(Phase.ALLOCATE):
                 m.d.sync += [r.out_index[j].eq(Cat(index, hand))
                              for j, (hand, index) in enumerate(taken)]
-            with m.Case(Phase.D_SHAPE):
-                m.d.sync += [r.d_cells[slot[:2]].eq(d_need),
-                             r.d_cell_cols[slot[:2]].eq(d_cell_cols)]
 
         # ---- outputs ------------------------------------------------------------------
         v = self.verdict.payload

@@ -100,6 +100,8 @@ class Harness(Elaboratable):
             Assert(~(passthrough & checking)),     # its verdict comes from IDLE (P18)
             Assert((phase == Phase.IDLE.value)
                    | (passthrough == ((dut.rec.fault != 0) | dut.rec.bundle.noop))),
+            # The record follows the payload while ``ready`` (a register): only when idle.
+            Assert(~dut.record.ready | ~dut.busy),
             # 3. Bounded: forward progress in every checking cycle, verdict before idle.
             Assert(phase <= Phase.HOLD.value),
             Assert(~(was_checking & checking) | (rank > last_rank)),
@@ -133,5 +135,5 @@ def test_preflight_properties_hold_in_every_reachable_state(tmp_path):
 def test_approval_and_fault_are_reachable(tmp_path):
     harness = Harness(cover=True)
     result = run_sby(harness, "preflight_cover", ports=_ports(harness), mode="cover",
-                     depth=24, workdir=tmp_path)
+                     depth=26, workdir=tmp_path)
     assert result.passed, result.log[-3000:]

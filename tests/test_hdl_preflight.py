@@ -1345,10 +1345,11 @@ def test_shape_rules_against_the_model():
 def approval_cycles(bundle: Bundle, state: State) -> int:
     """Cycles from the accepted record to the valid verdict of an approved Matrix bundle
     (``docs/hdl-preflight.md``): 13 fixed, the B.IOR phase (one cycle, or its reads and
-    five), the Shared reads and five, per selected PE one per post-process descriptor and
-    N per vector tile and one per Local mathematical source, five after the last of those
-    (four when only post-process reads were made), and one per PE for D's shape.  Each
-    wait after reads grew by one with the registered read requests (decision P18)."""
+    six), the Shared reads and six, per selected PE one per post-process descriptor and
+    N per vector tile and one per Local mathematical source, six after the last of those
+    (five when only post-process reads were made), and one per PE for D's shape.  Each
+    wait after reads grew by one with the registered read requests (decision P18) and
+    again with the registered shape comparisons (P19)."""
     f = bundle.fpatr
     mode = PREQUANT_MODES[f.pre_quant_mode]
     gpr_reads = len([s for s in P.scalar_param_slots(f)]) if bundle.ior else 0
@@ -1357,8 +1358,8 @@ def approval_cycles(bundle: Bundle, state: State) -> int:
     math = len(bundle.local_sources) - (f.row_max_en and f.row_max_init) - vectors
     pes = popcount(bundle.pe_mask)
     shared = len(bundle.shared_sources)
-    drain = 5 if math else 4 if post else 0
-    return (13 + (gpr_reads + 5 if gpr_reads else 1) + (shared + 5 if shared else 0)
+    drain = 6 if math else 5 if post else 0
+    return (13 + (gpr_reads + 6 if gpr_reads else 1) + (shared + 6 if shared else 0)
             + pes * (post + math) + drain + pes)
 
 
@@ -1373,8 +1374,8 @@ def test_verdict_latency(directed_results):
         elif not record.ok or record.noop:
             assert result.cycles == 2, name           # START, then the verdict
     assert timed >= 15
-    assert directed_results["approve-fp16"][0].cycles == 31
-    assert directed_results["approve-one-pe"][0].cycles == 22
+    assert directed_results["approve-fp16"][0].cycles == 32
+    assert directed_results["approve-one-pe"][0].cycles == 23
     # posM/posK: one cycle more for posK to reach the plan (the registered GPR read).
     assert directed_results["approve-img2col-window"][0].cycles == 9
 
@@ -1401,7 +1402,7 @@ def test_worst_case_latency():
     # Every check passes but allocation: D (64 KiB per PE) cannot be had, so the verdict
     # comes six cycles before an approval would (no D_SHAPE, AUX_SHAPE phases).
     assert result.check is Check.ALLOCATION
-    assert result.cycles == approval_cycles(record.bundle, state) - 6 == 55 + 8 * n - 6
+    assert result.cycles == approval_cycles(record.bundle, state) - 6 == 56 + 8 * n - 6
 
 
 # ---------------------------------------------------------------------------
