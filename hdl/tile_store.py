@@ -186,8 +186,10 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
 
 
 def _entry_layout(desc_layout, config, *, feature_map=False):
+    # ``clean``: ``undef == 0``, set by the table's write port, so that the definedness
+    # answers read one bit after the block RAM, not a compare of the count (decision T28).
     fields = {"desc": desc_layout, "base": cell_addr_width(config), "undef": UNDEFINED_WIDTH,
-              "synth": 1}
+              "clean": 1, "synth": 1}
     if feature_map:
         # Bit k: part k of the feature map was written since the register was allocated; the
         # others read as zero, so allocation and publication need not clear the memory (T20).
@@ -430,10 +432,9 @@ class TileStore(wiring.Component):
         # issued below, after the sequencer's, decision T3).
         td, sr, wd = self.tile_rd, self.shared_rd, self.word_rd
         m.d.comb += [td.desc.eq(l_rd.data.desc),
-                     td.defined.eq(l_rd.data.desc.allocated & (l_rd.data.undef == 0)),
+                     td.defined.eq(l_rd.data.desc.allocated & l_rd.data.clean),
                      sr.desc.eq(s_rd.data.desc),
-                     sr.defined.eq((s_rd.data.desc.allocation_mask != 0)
-                                   & (s_rd.data.undef == 0))]
+                     sr.defined.eq((s_rd.data.desc.allocation_mask != 0) & s_rd.data.clean)]
         gr = self.gpr_rd
         m.d.comb += gr.data.eq(g_rd.data)
         # One read-data bus per memory kind for every agent: only one agent reads at a time
@@ -1157,16 +1158,20 @@ class TileStore(wiring.Component):
         cfg_shared = Signal(self.shared_entry, name="cfg_shared")
         fm_part_no = cmd.addr[:3]
         last_bits = FEATURE_MAP_DESCRIPTOR.size - 64 * (FM_PARTS - 1)
+        l_entry = Signal(self.local_entry, name="l_wr_entry")
+        s_entry = Signal(self.shared_entry, name="s_wr_entry")
         m.d.comb += [
+            l_entry.eq(Mux(pub_en, pub_entry, Mux(cfg_now, cfg_local, h_local))),
+            s_entry.eq(Mux(cfg_now, cfg_shared, h_shared)),
             cfg_local.desc.eq(staged_l), cfg_local.base.eq(cfg_base),
             cfg_local.undef.eq(undef_init),
             cfg_shared.desc.eq(staged_s), cfg_shared.base.eq(cfg_base),
             cfg_shared.undef.eq(undef_init),
             l_wr.en.eq(pub_en | (host_now & h_wr_local) | (cfg_now & is_pe)),
             l_wr.addr.eq(Mux(pub_en, Cat(pub_index, pub_pe), Cat(idx[:6], space[:2]))),
-            l_wr.data.eq(Mux(pub_en, pub_entry, Mux(cfg_now, cfg_local, h_local))),
+            l_wr.data.eq(l_entry), l_wr.data.clean.eq(l_entry.undef == 0),
             s_wr.en.eq((host_now & h_wr_shared) | (cfg_now & ~is_pe)),
-            s_wr.addr.eq(idx), s_wr.data.eq(Mux(cfg_now, cfg_shared, h_shared)),
+            s_wr.addr.eq(idx), s_wr.data.eq(s_entry), s_wr.data.clean.eq(s_entry.undef == 0),
             # The last part keeps only the descriptor's bits.
             fm_wr.en.eq(host_now & h_ok[HostOp.WRITE_FM.value]),
             fm_wr.addr.eq(Cat(idx[:6], space[:2], fm_part_no)),
