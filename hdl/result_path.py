@@ -162,10 +162,15 @@ class ResultPath(wiring.Component):
         d_slot = self.drain.payload.slot
 
         # A kept row waits in ``held`` (its output row and first column computed) until the
-        # serializer's buffer is free, and at least a cycle, so that its row's group position
-        # is looked up into registers first (``held_old``).
+        # serializer's buffer is free.  The drained FIFO's read enable is a register
+        # (``drain.ready``, computed a cycle ahead from the next cycle's state): it loads the
+        # FIFO's ~290-bit output register, so no handshake logic may sit in front of it
+        # (issue #9).  It is high only while ``held`` will be empty, so a taken row always
+        # has room; ``held`` follows the FIFO's head while empty (enable: a register) and
+        # keeps it when the row is kept.  Its row's group position is looked up into ``look``
+        # registers as it comes (from the FIFO's head while ``held`` is empty), so the row may
+        # load the cycle after it is taken: a row every other cycle, as before.
         held_valid = Signal()
-        held_old = Signal()
         held_data = Signal(data.ArrayLayout(32, cols))
         held_bank = Signal(row_bits)
         held_row = Signal(16)
@@ -185,10 +190,10 @@ class ResultPath(wiring.Component):
         a_addr = Signal(aw)
         # The buffer is free once its piece has no element left (no element is pushed then).
         buf_free = ~buf_valid | ~elt
-        load = held_valid & held_old & buf_free
-        m.d.comb += self.drain.ready.eq(
-            running & ((junk != 0) | (blocks_ready & ~walk_done & (~held_valid | load))))
-        got = self.drain.valid & self.drain.ready
+        load = held_valid & buf_free
+        ready = Signal()
+        m.d.comb += self.drain.ready.eq(ready)
+        got = self.drain.valid & ready
         set_end = got & (d_row == rows - 1) & (d_slot == slots - 1)
         with m.If(got & set_end):
             with m.If(junk != 0):
@@ -196,13 +201,27 @@ class ResultPath(wiring.Component):
             with m.Else():
                 m.d.comb += step_group.eq(1)
         keep = got & (junk == 0) & slot_rows[d_slot].bit_select(d_row, 1)
-        m.d.sync += held_old.eq(~keep)
+        # A block's first row is a multiple of R: with R a power of two its rows are an OR,
+        # not an adder, in front of the group position lookup.
+        if rows & (rows - 1):
+            in_row = (slot_row0[d_slot] + d_row)[:16]
+        else:
+            in_row = slot_row0[d_slot] | d_row
         with m.If(load):
             m.d.sync += held_valid.eq(0)
         with m.If(keep):
-            m.d.sync += [held_valid.eq(1), held_data.eq(self.drain.payload.data),
-                         held_bank.eq(d_row), held_row.eq(slot_row0[d_slot] + d_row),
-                         held_col0.eq(slot_col0[d_slot])]
+            m.d.sync += held_valid.eq(1)
+        with m.If(~held_valid):
+            m.d.sync += [held_data.eq(self.drain.payload.data), held_bank.eq(d_row),
+                         held_row.eq(in_row), held_col0.eq(slot_col0[d_slot])]
+        # The next cycle's state, for ``ready``: a junk row to drop, or the group's blocks
+        # known and ``held`` empty (a kept row and a load never share a cycle).
+        junk_next = (junk > 1) | ((junk == 1) & ~set_end)
+        blocks_next = ~restart & ~step_group & (blocks_ready | (filled == slots - 1))
+        walk_done_next = Mux(~blocks_ready & (filled == 0), w_done, walk_done)
+        held_next = (held_valid & ~load) | keep
+        m.d.sync += ready.eq(running & ~restart
+                             & (junk_next | (blocks_next & ~walk_done_next & ~held_next)))
         load_last = Signal()
         m.d.comb += load_last.eq(held_col0 + 1 == run.n)
         with m.If(load):
@@ -257,18 +276,19 @@ class ResultPath(wiring.Component):
         # Per-output-row group position: a row's elements may come in pieces (one per block
         # column) between other rows' pieces.
         row_index = gi[:(MAX_ROWS - 1).bit_length()]
-        gcol = Array(Signal(8, name=f"gcol{r}") for r in range(MAX_ROWS))
-        gidx = Array(Signal(16, name=f"gidx{r}") for r in range(MAX_ROWS))
-        ghit = Array(Signal(name=f"ghit{r}") for r in range(MAX_ROWS))
         # The current row's position in registers: loaded with a piece, stepped with each
         # element and written back to the row's entry once the piece has no element left
-        # (from registers: the element handshake drives no row decoder).  ``ghit`` keeps a
-        # row's group_hit, so that no compare follows the lookup.  The held row's entry is
-        # read into ``look`` registers a cycle ahead; a piece of the row being written back
-        # in its load cycle, or the cycle before, takes the written position instead.
+        # (from registers: the element handshake drives no row decoder).  An entry keeps its
+        # row's group_hit, so that no compare follows the lookup.  The held row's entry (the
+        # FIFO head's while ``held`` is empty) is read into ``look`` registers a cycle
+        # ahead; a piece of the row being written back in its load cycle, or the cycle
+        # before, takes the written position instead.
         cur_gcol = Signal(8)
         cur_gidx = Signal(16)
         group_hit = Signal()                       # cur_gcol = GroupN - 1
+        position = Cat(cur_gcol, cur_gidx, group_hit)
+        # Per row: its group column, group index and group_hit, as in ``position``.
+        gpos = Array(Signal(len(position), name=f"gpos{r}") for r in range(MAX_ROWS))
         # GroupN - 1 (all ones without GroupMax: never reached), registered from the plan.
         group_end = Signal(9)
         m.d.sync += group_end.eq(plan.group_n - 1)
@@ -334,17 +354,18 @@ class ResultPath(wiring.Component):
                          q_addr.eq(q_addr + 1), a_addr.eq(a_addr + 1),
                          cur_gcol.eq(next_gcol), cur_gidx.eq(next_gidx),
                          group_hit.eq(next_hit), reduces.eq(closing(next_last, next_hit))]
-        position = Cat(cur_gcol, cur_gidx, group_hit)
         write_back = buf_valid & ~elt
         with m.If(write_back):
             m.d.sync += [buf_valid.eq(0),
-                         Cat(gcol[row_index], gidx[row_index], ghit[row_index]).eq(position)]
+                         gpos[row_index].eq(position)]
         new_row = held_row[:len(row_index)]
+        look_row = Mux(held_valid, held_row, in_row)[:len(row_index)]
         look = Signal(len(position))
         written = Signal(len(position))
         written_valid = Signal()
         written_row = Signal(len(row_index))
-        m.d.sync += [look.eq(Cat(gcol[new_row], gidx[new_row], ghit[new_row])),
+        # A multiplexer tree on the row's bits, not a decoder of every entry (issue #9).
+        m.d.sync += [look.eq(Cat(*gpos).word_select(look_row, len(position))),
                      written_valid.eq(write_back), written_row.eq(row_index),
                      written.eq(position)]
         first_piece = Cat(Const(0, len(cur_gcol) + len(cur_gidx)), group_end == 0)
