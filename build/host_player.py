@@ -87,7 +87,8 @@ class HostCommandPlayer(wiring.Component):
     step : Out         the step being played; after a failure, the one that failed.
 
     Timing: a step takes three cycles (ROM fetch, its register, then the transfer) plus the
-    unit's wait, and a checked step one more (the comparison, from registers).
+    unit's wait, and a checked step two more (the comparison and its reduction, from
+    registers).
     """
 
     def __init__(self, shapes: dict, steps: list, *, status_mask: int | None = None,
@@ -142,40 +143,51 @@ class HostCommandPlayer(wiring.Component):
                      Value.cast(self.parcels.payload).eq(step.bits)]
         rsp = Value.cast(self.host_rsp.payload)
         status = Value.cast(self.status.payload)
-        # The comparison takes two states: COMPARE registers which nibbles differ, DECIDE
-        # reduces them, so no state sees a compare as wide as the ports.
+        # The comparison takes three states: COMPARE registers which nibbles differ, REDUCE
+        # ORs them into ``mismatch`` and DECIDE tests it, so no state sees a compare as wide
+        # as the ports, nor an OR tree over its nibbles (F35).
         differs = ((got ^ expect_q) & got_mask)
         nibbles = Signal((len(differs) + 3) // 4)
         m.d.comb += [nibbles[i].eq(differs[4 * i:4 * i + 4].any()) for i in range(len(nibbles))]
         nibbles_q = Signal.like(nibbles)
+        mismatch = Signal()
 
         # The timeout is a hang detector: seen a cycle late from a register, it stays off the
         # state machine's decode of the unit's handshakes.
         waited = Signal(range(self.timeout + 1))
         expired = Signal()
         m.d.sync += expired.eq(waited == self.timeout)
+        # The step's kind one-hot, registered with the step and cleared as its transfer ends
+        # (a flag is set only in EXEC), so that the handshakes offered to the unit are an AND
+        # of two flip-flops, without a decode of the state (F35).
+        offer = {kind: Signal(name=f"offer_{kind.name.lower()}") for kind in StepKind}
+        m.d.comb += [self.host_cmd.valid.eq(offer[StepKind.COMMAND] & ~expired),
+                     self.parcels.valid.eq(offer[StepKind.PARCEL] & ~expired),
+                     self.status.ready.eq(offer[StepKind.STATUS] & ~expired)]
+        with m.If(expired | (self.host_cmd.valid & self.host_cmd.ready) |
+                  (self.parcels.valid & self.parcels.ready) |
+                  (self.status.valid & self.status.ready)):
+            m.d.sync += [flag.eq(0) for flag in offer.values()]
         with m.FSM():
             with m.State("FETCH"):
                 m.d.sync += waited.eq(0)
                 m.next = "LOAD"
             with m.State("LOAD"):
                 m.d.sync += step.eq(fetch.data)
+                m.d.sync += [flag.eq(fetch.data.kind == kind) for kind, flag in offer.items()]
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.sync += waited.eq(waited + 1)
                 with m.If(expired):
                     m.next = "FAILED"
-                with m.Elif(step.kind == StepKind.COMMAND):
-                    m.d.comb += self.host_cmd.valid.eq(1)
+                with m.Elif(offer[StepKind.COMMAND]):
                     with m.If(self.host_cmd.ready):
                         m.next = "RESPONSE"
-                with m.Elif(step.kind == StepKind.PARCEL):
-                    m.d.comb += self.parcels.valid.eq(1)
+                with m.Elif(offer[StepKind.PARCEL]):
                     with m.If(self.parcels.ready):
                         m.d.sync += pc.eq(pc + 1)
                         m.next = "FETCH"
-                with m.Elif(step.kind == StepKind.STATUS):
-                    m.d.comb += self.status.ready.eq(1)
+                with m.Elif(offer[StepKind.STATUS]):
                     with m.If(self.status.valid):
                         m.d.sync += [got.eq(status), got_mask.eq(self.status_mask)]
                         m.next = "COMPARE"
@@ -195,9 +207,12 @@ class HostCommandPlayer(wiring.Component):
                         m.next = "FETCH"
             with m.State("COMPARE"):
                 m.d.sync += [expect_at.eq(expect_at + 1), nibbles_q.eq(nibbles)]
+                m.next = "REDUCE"
+            with m.State("REDUCE"):
+                m.d.sync += mismatch.eq(nibbles_q.any())
                 m.next = "DECIDE"
             with m.State("DECIDE"):
-                with m.If(nibbles_q == 0):
+                with m.If(~mismatch):
                     m.d.sync += pc.eq(pc + 1)
                     m.next = "FETCH"
                 with m.Else():

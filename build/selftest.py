@@ -13,7 +13,7 @@ sees it::
 
 import random
 
-from amaranth.hdl import Array, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
@@ -427,16 +427,28 @@ class SelfTest(wiring.Component):
         m.d.comb += self.tx.eq(uart.tx)
         step16 = Signal(16)
         m.d.comb += step16.eq(player.step)
-        chars = self._message_chars(player.passed, step16)
-        last = Mux(player.passed, len(message_text(True)) - 1, len(chars) - 1)
+        # The verdict and the step's hexadecimal digits are registered too, so the message
+        # mux starts from flip-flops (F35): both are steady from ``player.done`` on, a cycle
+        # before the line's first character, which the two lines share, is taken.
+        passed = Signal()
+        digits = [Signal(8, name=f"digit{k}") for k in range(4)]
+        m.d.sync += passed.eq(player.passed)
+        for k, digit in enumerate(digits):
+            nibble = step16[4 * (3 - k):4 * (4 - k)]
+            m.d.sync += digit.eq(Mux(nibble < 10, ord("0") + nibble, ord("a") - 10 + nibble))
+        chars = self._message_chars(passed, digits)
+        last = Mux(passed, len(message_text(True)) - 1, len(chars) - 1)
         index = Signal(range(len(chars)))
         pause = Signal(range(max(2, self.repeat_cycles + 1)))
         # The character is registered: the line's mux over the verdict and the step's hex
         # digits stays off the UART's shift register. It is loaded every cycle; ``index``
         # and the verdict are steady from ``player.done`` on, and each byte taken keeps the
         # UART busy for a whole frame, so the register has caught up before ``ready`` again.
+        # Each bit is a bit select over the positions, a mux tree on ``index`` (F35), not a
+        # case per position and an OR over them.
         char = Signal(8)
-        m.d.sync += char.eq(Array(chars)[index])
+        m.d.sync += [char[b].eq(Cat(Value.cast(c)[b] for c in chars).bit_select(index, 1))
+                     for b in range(8)]
         m.d.comb += uart.data.payload.eq(char)
         with m.FSM():
             with m.State("RUN"):
@@ -456,17 +468,16 @@ class SelfTest(wiring.Component):
         return m
 
     @staticmethod
-    def _message_chars(passed, step16) -> list:
+    def _message_chars(passed, digits) -> list:
         """The verdict line as one byte Value per position: the PASS line, or the FAIL line
-        with the four hexadecimal digits of ``step16``."""
+        with the four characters ``digits`` (the step's hexadecimal digits, most significant
+        first)."""
         ok, fail = message_text(True), message_text(False, 0)
         hex_at = fail.index("step ") + len("step ")
         chars = []
         for k, c_fail in enumerate(fail):
             if hex_at <= k < hex_at + 4:
-                shift = 4 * (3 - (k - hex_at))
-                nibble = step16[shift:shift + 4]
-                fail_char = Mux(nibble < 10, ord("0") + nibble, ord("a") - 10 + nibble)
+                fail_char = digits[k - hex_at]
             else:
                 fail_char = Const(ord(c_fail), 8)
             chars.append(Mux(passed & (k < len(ok)), ord(ok[min(k, len(ok) - 1)]), fail_char))

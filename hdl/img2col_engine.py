@@ -271,10 +271,12 @@ class Img2ColEngine(wiring.Component):
         # A feature-map beat is registered as it arrives and stored in its part a cycle
         # later: the beat comes from the store's block RAMs, and their outputs then reach
         # flip-flops only, not the part decode in front of 340 enables (E21).  The last
-        # part is stored in the cycle the job is taken, before the preflight reads it.
+        # part is stored in the cycle the job is taken, before the preflight reads it.  The
+        # beat register loads in every cycle (only ``fm_beat_valid`` says whether it holds a
+        # beat), so no enable multiplexer follows the store's read path (E22).
         beat = Signal(FeatureMapPartLayout, name="fm_beat", reset_less=True)
         beat_valid = Signal(name="fm_beat_valid")
-        m.d.sync += beat_valid.eq(0)
+        m.d.sync += [beat_valid.eq(0), beat.eq(self.fm.payload)]
         with m.If(beat_valid):
             with m.Switch(beat.part):
                 for part in range(FM_PARTS):
@@ -383,7 +385,7 @@ class Img2ColEngine(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += [self.job.ready.eq(1), self.fm.ready.eq(1)]
                 with m.If(self.fm.valid):
-                    m.d.sync += [beat.eq(self.fm.payload), beat_valid.eq(1)]
+                    m.d.sync += beat_valid.eq(1)
                 with m.If(self.job.valid):
                     m.d.sync += [job.eq(self.job.payload), *program.start()]
                     m.next = "PREFLIGHT"

@@ -19,7 +19,7 @@ preflight see ``exec_done`` and take the next record, so nothing can observe a h
 group.  ``docs/hdl-top.md`` has the timing and figures.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -113,8 +113,12 @@ class CubeUnit(wiring.Component):
 
         wiring.connect(m, wiring.flipped(self.parcels), dec.i)
         # A record waits while the store serves a host command (decision T3), and in the
-        # cycle the store takes one: the host's window is a register (decision T25).
-        host_take = st.host_cmd.valid & st.host_cmd.ready
+        # cycle the store takes one: the host's window is a register (decision T25).  The
+        # take is known from registers (T29): the window open means that the top level was
+        # idle with the preflight empty a cycle ago, so it is idle now and asks the store for
+        # nothing else, and the store, idle, takes a valid command.
+        host_window = Signal(name="host_window")
+        host_take = self.host_cmd.valid & host_window & st.idle
         m.d.comb += [pf.record.payload.eq(dec.o.payload),
                      pf.record.valid.eq(dec.o.valid & st.idle & ~host_take),
                      dec.o.ready.eq(pf.record.ready & st.idle & ~host_take)]
@@ -180,12 +184,11 @@ class CubeUnit(wiring.Component):
         # Outcome of the engines: the first fault ends the bundle.
         first_fault = Signal(FaultClass)
         faulted = Signal()
-        # TIMG2COL jobs still to run (PE p = bit p), the current one included, and the PE
-        # after the current one.  An approved plan selects at least one PE (a zero mask is a
-        # no-op record).
-        todo = Signal(PE_COUNT)
-        rest = Signal(PE_COUNT)
-        m.d.comb += rest.eq(todo & ~(Const(1, PE_COUNT) << cur)[:PE_COUNT])
+        # TIMG2COL jobs to run after the current one (PE p = bit p; the jobs run lowest PE
+        # first, so each step clears the lowest bit), a register, so that the last job's test
+        # and the next PE do not wait for a decode of ``cur`` (T29).  An approved plan
+        # selects at least one PE (a zero mask is a no-op record).
+        rest = Signal(PE_COUNT, name="img2col_rest")
 
         def lowest(mask, name):
             pe = Signal(range(PE_COUNT), name=name)
@@ -217,7 +220,6 @@ class CubeUnit(wiring.Component):
         # The host may act only when no bundle is anywhere past the decoder.  The window
         # follows the decoder's output one cycle late, so a record that appears in the cycle
         # a host command is taken waits for it (above); after that the record goes first.
-        host_window = Signal(name="host_window")
         m.d.sync += host_window.eq(~pf.busy & ~dec.o.valid & (self.phase == 0))
         m.d.comb += st.host_enable.eq(host_window)
 
@@ -242,7 +244,7 @@ class CubeUnit(wiring.Component):
                     with m.If(st.req_ok):
                         m.d.sync += faulted.eq(0)
                         with m.If(is_img2col):
-                            m.d.sync += [todo.eq(pe_sel), cur.eq(first_pe)]
+                            m.d.sync += [rest.eq(pe_sel & (pe_sel - 1)), cur.eq(first_pe)]
                             m.next = "IMG2COL"
                         with m.Else():
                             m.next = "MATRIX"
@@ -269,8 +271,8 @@ class CubeUnit(wiring.Component):
                     with m.If(eng.job.ready):
                         m.d.sync += started.eq(1)
                 with m.If(eng.done):
-                    m.d.sync += [loaded.eq(0), fm_part.eq(0), started.eq(0), todo.eq(rest),
-                                 cur.eq(next_pe)]
+                    m.d.sync += [loaded.eq(0), fm_part.eq(0), started.eq(0),
+                                 rest.eq(rest & (rest - 1)), cur.eq(next_pe)]
                     # The engine reports only the class, and every PE's class is the model's
                     # (the destination check is PE-independent): the first fault decides,
                     # and the remaining jobs would be discarded anyway.
