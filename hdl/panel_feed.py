@@ -116,6 +116,8 @@ class PanelFeed(FeedComponent):
     done : Out(1)
         High while idle (after reset, and once the run's last beat is taken).
     feed : Out(stream.Signature(feed_shape))
+        ``feed.ready`` must not wait for ``feed.valid``: it is also the output stages'
+        enable (decision C29).
     rd : Out(stream.Signature(ReadReqLayout)), rsp : In(ReadRspLayout)
         The buffer fill's payload reads (through the engine's read arbiter).
     """
