@@ -105,13 +105,7 @@ class FillSource(wiring.Component):
                       for b in range(2)]
         offer_off = [[Signal(6, name=f"offer{b}_off{j}") for j in range(cols)]
                      for b in range(2)]
-        # Every lane of the row on offer holds its word, registered (decision C29): the
-        # lanes' address compares reach this flip-flop, not the offer registers' enables.
-        # For the row on offer it only goes from 0 to 1 (a needed word that is there is
-        # never replaced, and only a take or a load into that register changes the row),
-        # so a take a cycle late is never wrong; a row that needs no word goes at once.
-        hit = Signal()
-        offer_any = [Signal(name=f"offer{b}_any_need") for b in range(2)]
+        hit = Signal()                             # every lane holds its word
         # Rows leave through a register, so that the lanes' compares do not reach into
         # the array: the row on offer moves into it when it is free or taken.
         out_valid = Signal(name="out_valid")
@@ -119,21 +113,18 @@ class FillSource(wiring.Component):
         row = Signal.like(self.fill.payload, name="row")
         m.d.comb += [self.fill.valid.eq(out_valid), self.fill.payload.eq(out)]
         move = ~out_valid | self.fill.ready
-        taken = Mux(rp, offer_valid[1] & (hit | ~offer_any[1]),
-                    offer_valid[0] & (hit | ~offer_any[0])) & move
+        taken = Mux(rp, offer_valid[1], offer_valid[0]) & hit & move
         with m.If(move):
             m.d.sync += [out_valid.eq(taken), out.eq(row)]
         gi = blk_r + i
-        needs = []
         for j in range(cols):
             gj = blk_c + j
             inside = real & blk_used & (gi < run.m) & (gj < run.n)
-            needs.append(inside & (run.acc | run.int_bias))
             c_addr, c_off = word_and_offset(run.c.base, cube_m_bits(run.m32, 5, gi, gj), aw)
             b_addr, b_off = word_and_offset(run.bias.base, gj << 5, aw)
             for b in range(2):
                 with m.If(load & (wp == b)):
-                    m.d.sync += [offer_need[b][j].eq(needs[j]),
+                    m.d.sync += [offer_need[b][j].eq(inside & (run.acc | run.int_bias)),
                                  offer_addr[b][j].eq(Mux(run.acc, c_addr, b_addr)),
                                  offer_off[b][j].eq(Mux(run.acc, c_off, b_off))]
                 with m.If(taken & (rp == b)):
@@ -144,11 +135,7 @@ class FillSource(wiring.Component):
             lanes.append((need, space, Mux(rp, offer_addr[1][j], offer_addr[0][j])))
             offsets.append((need, Mux(rp, offer_off[1][j], offer_off[0][j])))
         all_hit, words = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start)
-        for b in range(2):
-            with m.If(load & (wp == b)):
-                # Lane 0 is the row's first column: no lane needs a word if it does not.
-                m.d.sync += offer_any[b].eq(needs[0])
-        m.d.sync += hit.eq(all_hit & ~taken & ~(load & (wp == rp)))
+        m.d.comb += hit.eq(all_hit)
         for j, (word, (need, off)) in enumerate(zip(words, offsets)):
             m.d.comb += row.data[j].eq(Mux(need, extract(word, off, 5, 32), 0))
 
