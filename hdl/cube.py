@@ -27,7 +27,7 @@ path through a FIFO.
 ``docs/hdl-cube.md`` describes the schedule and the figures.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -124,21 +124,32 @@ class CubeEngine(wiring.Component):
         # beat in flip-flops, and the feeds see a ready from one (the skid is free), so
         # that the array's acceptance does not reach the enables of the feeds' pipelines.
         buffered = Signal()                 # registered beside the run context
+        usable = Signal()                   # what ``buffered`` loads
         beat_shape = array.feed.payload.shape()
         head, skid = Signal(beat_shape, name="beat_head"), Signal(beat_shape, name="beat_skid")
         head_valid, skid_valid = Signal(), Signal()
         in_beat = Mux(buffered, panels.feed.payload.as_value(), feed.feed.payload.as_value())
         in_take = Mux(buffered, panels.feed.valid, feed.feed.valid) & ~skid_valid
+        # The buffered feed's ready (``buffered & ~skid_valid``) is a flip-flop of its own,
+        # loaded with the value it will have: it is the enable of that feed's output
+        # stages, about 2,000 register and block-RAM inputs (decision 30).
+        panels_ready = Signal()
+        head_free = ~head_valid | array.feed.ready
+        m.d.sync += panels_ready.eq(usable & ~Mux(head_free, 0, skid_valid | in_take))
         m.d.comb += [
             array.feed.valid.eq(head_valid), array.feed.payload.eq(head),
-            panels.feed.ready.eq(buffered & ~skid_valid),
+            panels.feed.ready.eq(panels_ready),
             feed.feed.ready.eq(~buffered & ~skid_valid),
         ]
-        with m.If(~head_valid | array.feed.ready):
+        with m.If(head_free):
             m.d.sync += [head_valid.eq(skid_valid | in_take), skid_valid.eq(0),
                          head.eq(Mux(skid_valid, skid.as_value(), in_beat))]
         with m.Elif(in_take):
-            m.d.sync += [skid_valid.eq(1), skid.eq(in_beat)]
+            m.d.sync += skid_valid.eq(1)
+        # An empty skid copies the offered beat in every cycle: its enable is a flip-flop,
+        # not the handshake.
+        with m.If(~skid_valid):
+            m.d.sync += skid.eq(in_beat)
         wiring.connect(m, fill.fill, array.fill)
         # Drained rows wait in a FIFO (4 groups' worth), so that the array's exchanges go on
         # while the result path is still writing D's zero prefill at the start of a run.
@@ -170,11 +181,19 @@ class CubeEngine(wiring.Component):
         run_start = Signal()
 
         operand = plan.operands[role]
-        present = Signal()
-        with m.Switch(role):
-            for index, r in enumerate(_ROLES):
-                with m.Case(index):
-                    m.d.comb += present.eq(plan.operands[r.value].present)
+        # Whether the roles from ``role`` on are present (``role``'s in bit 0) and whether
+        # ``role`` is past the last, stepped with it, so that the walk decides from
+        # flip-flops rather than through a multiplexer of the plan (decision 30).
+        presence = Cat(*(plan.operands[r.value].present for r in _ROLES))
+        present_left, roles_done = Signal(len(_ROLES)), Signal()
+        present = present_left[0]
+
+        def first_role():
+            return [role.eq(0), present_left.eq(presence), roles_done.eq(0)]
+
+        def next_role():
+            return [role.eq(role + 1), present_left.eq(present_left >> 1),
+                    roles_done.eq(role == len(_ROLES) - 1)]
         rsp = self.tile.desc_rsp
         m.d.comb += [self.tile.desc_req.payload.space.as_value().eq(
                          Mux(operand.shared, MemSpace.SHARED.value, pe)),
@@ -199,19 +218,23 @@ class CubeEngine(wiring.Component):
         m.d.sync += finished.eq(feed.done & panels.done & fill.done & result.done
                                 & reads.idle & ~drained.r_rdy & ~head_valid & ~skid_valid
                                 & ~run_start)
+        # The PE after this one, registered: ``pe`` holds still from the descriptor walk on.
+        found, following = Signal(), Signal.like(pe)
+        after_found, after_pe = next_pe_after(pe)
+        m.d.sync += [found.eq(after_found), following.eq(after_pe)]
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.comb += result.clear.eq(1)
-                    found, first = next_pe_after(-1)
-                    m.d.sync += [pe.eq(first), role.eq(0)]
+                    _, first = next_pe_after(-1)
+                    m.d.sync += [pe.eq(first), *first_role()]
                     m.next = "DESC"
             with m.State("DESC"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(role == len(_ROLES)):
+                with m.If(roles_done):
                     m.next = "SETTLE"
                 with m.Elif(~present):
-                    m.d.sync += role.eq(role + 1)
+                    m.d.sync += next_role()
                 with m.Else():
                     m.d.comb += self.tile.desc_req.valid.eq(1)
                     with m.If(self.tile.desc_req.ready):
@@ -223,7 +246,7 @@ class CubeEngine(wiring.Component):
                         with m.If(role == index):
                             m.d.sync += [bases[index].eq(rsp.payload.base),
                                          log2ps[index].eq(rsp_log2p)]
-                    m.d.sync += role.eq(role + 1)
+                    m.d.sync += next_role()
                     m.next = "DESC"
             with m.State("SETTLE"):
                 # The run context register now holds this PE's descriptors.
@@ -233,9 +256,8 @@ class CubeEngine(wiring.Component):
                 m.d.comb += self.busy.eq(1)
                 with m.If(finished):
                     m.d.sync += fresh.eq(0)
-                    found, following = next_pe_after(pe)
                     with m.If(found):
-                        m.d.sync += [pe.eq(following), role.eq(0)]
+                        m.d.sync += [pe.eq(following), *first_role()]
                         m.next = "DESC"
                     with m.Else():
                         m.d.comb += [self.done.eq(1), self.commit.eq(1)]
@@ -292,7 +314,8 @@ class CubeEngine(wiring.Component):
             pre.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
                                                  "gm_log2p")),
         ]
-        m.d.sync += buffered.eq(panel_feed_usable(pre))
+        m.d.comb += usable.eq(panel_feed_usable(pre))
+        m.d.sync += buffered.eq(usable)
         for unit in (fill, result):
             m.d.comb += [unit.run.eq(run), unit.start.eq(run_start)]
         m.d.comb += [feed.run.eq(run), feed.start.eq(run_start & ~buffered),

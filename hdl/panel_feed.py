@@ -116,6 +116,8 @@ class PanelFeed(FeedComponent):
     done : Out(1)
         High while idle (after reset, and once the run's last beat is taken).
     feed : Out(stream.Signature(feed_shape))
+        ``feed.ready`` must not wait for ``feed.valid``: it is also the output stages'
+        enable (decision 30).
     rd : Out(stream.Signature(ReadReqLayout)), rsp : In(ReadRspLayout)
         The buffer fill's payload reads (through the engine's read arbiter).
     """
@@ -242,7 +244,7 @@ class PanelFeed(FeedComponent):
         fi = Signal(range(max(rows, cols) + 2))
         fh = Signal()
         f_is_b = Signal()
-        f_active = Signal()
+        f_active = Signal()     # in READ: a flip-flop beside the state, not a decode of it
 
         dest_bank_bits = max(1, (max(rows, cols) - 1).bit_length())
         # Destination of each outstanding read: buffer, lane, CUBE_M32 row parity / upper
@@ -253,29 +255,36 @@ class PanelFeed(FeedComponent):
                        ("col_end", 1), ("phase_end", 1)]
 
         # Compares of these registers with per-run facts, registered with them (C20).
-        row_last = Signal()         # row is a panel's last: row (| 1 for CUBE_M32) >= M - 1
-        col_last = Signal()         # col >= N - 1
         fea_halved = Signal()       # CUBE_M32 and fea < a_half
-        more_rows = Signal()        # a_row0 + R < M
+        # Where a read stands in its word column, registered with the position it reads
+        # (decision 30), so that the fill's moves decide from these flip-flops, one LUT
+        # from ``word_end``: the A read is its panel's last row (``rows_end``) and, without
+        # a second CELL half to read, its entry's last (``a_last``); a column-outer phase
+        # has a panel after this one (``more_panels``); the B read is its column's last
+        # (``cols_end``).
+        rows_end, a_last, more_panels, cols_end = Signal(), Signal(), Signal(), Signal()
 
-        def set_row(v):
-            return [row.eq(v), row_last.eq(Mux(run.m32, (v | 1) >= m_m1, v >= m_m1))]
+        def set_a_pos(i, v, fh_v, halved):
+            """fi = i, row = v (= a_row0 + i), fh = fh_v; ``halved``: fea_halved then."""
+            # a_row0 + the next fi >= M: fi + 2 - row[0] for CUBE_M32, else fi + 1.
+            end = (Mux(v[0] | ~run.m32, i + 1 >= rows, i + 2 >= rows)
+                   | Mux(run.m32, (v | 1) >= m_m1, v >= m_m1))
+            return [fi.eq(i), row.eq(v), fh.eq(fh_v), rows_end.eq(end),
+                    a_last.eq(end & (fh_v | ~halved))]
 
-        def set_col(v):
-            return [col.eq(v), col_last.eq(v >= n_m1)]
+        def set_b_pos(i, v):
+            """fi = i, col = v (= b_col0 + i)."""
+            return [fi.eq(i), col.eq(v), cols_end.eq((i + 1 >= cols) | (v >= n_m1))]
+
+        def set_panel(v, p):
+            """a_row0 = v, fpp = p."""
+            return [a_row0.eq(v), fpp.eq(p),
+                    more_panels.eq(col_outer & (v < m_less_rows) & (p != slots - 1))]
 
         fea_last, feb_last = Signal(), Signal()      # fea = wpr - 1, feb = wpc - 1
         fka_ahead, fkb_ahead = Signal(18), Signal(18)  # fka + a_epw, fkb + b_epw
         phase_more = Signal()       # column-outer and phase_row0 + R x L < M
         b_more, b_in = Signal(), Signal()           # b_col0 + C < N, b_col0 < N
-
-        # fi + 1 >= R; fi + 2 >= R for CUBE_M32 (else fi + 1 >= R); fi + 1 >= C.
-        fi_1r, fi_2r, fi_1c = Signal(), Signal(), Signal()
-
-        def set_fi(v):
-            return [fi.eq(v), fi_1r.eq(v + 1 >= rows),
-                    fi_2r.eq(Mux(run.m32, v + 2 >= rows, v + 1 >= rows)),
-                    fi_1c.eq(v + 1 >= cols)]
 
         def set_fea(v):
             return [fea.eq(v), fea_halved.eq(run.m32 & (v < a_half)), fea_last.eq(v == wpr_m1)]
@@ -295,21 +304,13 @@ class PanelFeed(FeedComponent):
         def set_b_col0(v):
             return [b_col0.eq(v), b_more.eq(v < n_less_cols), b_in.eq(v < n_dim)]
 
-        def set_a_row0(v):
-            return [a_row0.eq(v), more_rows.eq(v < m_less_rows)]
-
         # CUBE_M32: one store word holds rows 2p and 2p + 1 of one CELL; an odd row starts a
         # panel only when R is odd, and then only its upper half is this panel's.
         a_next_i = Mux(run.m32, fi + 2 - row[0], fi + 1)
-        # a_row0 + a_next_i >= M, with row = a_row0 + fi.
-        rows_end = Mux(row[0], fi_1r, fi_2r) | row_last
         second_half = ~fh & fea_halved
-        a_last = rows_end & ~second_half
-        more_panels = col_outer & more_rows & (fpp != slots - 1)
         a_upper = (fi + 1 - row[0] < rows) & ((row | 1) < m_dim)
         a_cell = Mux(run.m32, Cat(fh, fea), fea)
         a_addr = (run.a.base << 4) + (a_cell << 4) + Mux(run.m32, row >> 1, row)
-        cols_end = fi_1c | col_last
         b_cells_next = b_cells + Mux(col[:3] == 7, run.b_k_repeat, 0)
         b_addr = Cat(feb[0], col[:3], run.b.base + b_cells + (feb >> 1))
 
@@ -412,10 +413,11 @@ class PanelFeed(FeedComponent):
                         m.next = "IDLE"
                     with m.Elif(f_starts):
                         cells = n8_column_cells(run.b_k_repeat, f_col0)
-                        m.d.sync += [*set_fea(0), *set_feb(0), *set_fka(0), *set_fkb(0), *set_fi(0),
-                                     fh.eq(0), *set_a_row0(f_row0), *set_row(f_row0),
-                                     *set_phase_row0(0), phase_p.eq(0), fpp.eq(0), fa_eofs.eq(0),
-                                     *set_b_col0(f_col0), *set_col(f_col0), b_cells0.eq(cells),
+                        m.d.sync += [*set_fea(0), *set_feb(0), *set_fka(0), *set_fkb(0),
+                                     *set_a_pos(0, f_row0, 0, run.m32 & (a_half != 0)),
+                                     *set_panel(f_row0, 0), *set_phase_row0(0), phase_p.eq(0),
+                                     fa_eofs.eq(0), *set_b_col0(f_col0), *set_b_pos(0, f_col0),
+                                     b_cells0.eq(cells),
                                      b_cells.eq(cells), b_ebase.eq(f_bbase), b_qblk.eq(0),
                                      b_qnext.eq(panels),
                                      ph_end.eq(Mux(f_col0 == 0, slots, 0)),
@@ -424,54 +426,59 @@ class PanelFeed(FeedComponent):
                                      b_left.eq((f_row0 == 0) & (f_col0 >= b_done_col)),
                                      f_is_b.eq(f_col0 != 0)]
                         # The first word column's first read, as after a word column.
-                        m.d.sync += fresh.eq(~one_read)
+                        m.d.sync += [fresh.eq(~one_read), f_active.eq(1)]
                         m.next = "READ"
                     with m.Else():
                         m.d.comb += f_step.eq(1)
                         m.d.sync += f_seen.eq(0)
             with m.State("READ"):
-                m.d.comb += f_active.eq(1)
                 m.d.sync += fresh.eq(~(issued & word_end & one_read))
-                with m.If(issued):
-                    with m.If(f_is_b):
-                        m.d.sync += [*set_fi(Mux(cols_end, 0, fi + 1)),
-                                     *set_col(Mux(cols_end, b_col0, col + 1)),
-                                     b_cells.eq(Mux(cols_end, b_cells0, b_cells_next))]
-                    with m.Elif(~rows_end):
-                        m.d.sync += [*set_fi(a_next_i),
-                                     *set_row(Mux(run.m32, (row | 1) + 1, row + 1))]
-                    with m.Elif(second_half):
-                        m.d.sync += [*set_fi(0), fh.eq(1), *set_row(a_row0)]
-                    with m.Elif(more_panels):
-                        m.d.sync += [*set_fi(0), fh.eq(0), *set_a_row0(a_row0 + rows),
-                                     *set_row(a_row0 + rows), fpp.eq(fpp + 1)]
-                    with m.If(~f_is_b & a_last):
-                        m.d.sync += fa_entry.eq(fa_entry + 1)
-                    with m.If(word_end):
-                        first_row = Mux(col_outer, phase_row0, f_row0)
-                        m.d.sync += [*set_fi(0), fh.eq(0), *set_fea(d["next_fea"]),
-                                     *set_fka(d["next_fka"]), *set_feb(d["next_feb"]),
-                                     *set_fkb(d["next_fkb"]), *set_a_row0(first_row),
-                                     *set_row(first_row), fpp.eq(0),
-                                     a_left.eq(d["next_a_left"]), b_left.eq(d["next_b_left"]),
-                                     f_is_b.eq(~d["pick_a"])]
-                        with m.If(a_col_end):
-                            m.d.sync += fa_eofs.eq(fa_eofs + panels)
-                        with m.If(d["next_phase"]):
-                            m.d.sync += [*set_phase_row0(phase_row0 + rows * slots),
-                                         *set_a_row0(phase_row0 + rows * slots),
-                                         *set_row(phase_row0 + rows * slots),
-                                         phase_p.eq(phase_p + slots), fa_eofs.eq(0),
-                                         ph_end.eq(ph_end + slots), ph_end2.eq(ph_end2 + slots)]
-                        with m.If(d["b_panel_end"]):
-                            # The next B panel starts at the column after this one.
-                            m.d.sync += [b_done_col.eq(b_col0 + cols), *set_b_col0(b_col0 + cols),
-                                         *set_col(b_col0 + cols), b_cells0.eq(b_cells_next),
-                                         b_cells.eq(b_cells_next), b_ebase.eq(b_ebase + wpc),
-                                         b_qblk.eq(b_qnext), b_qnext.eq(b_qnext + panels)]
-                        with m.If(~d["next_a_left"] & ~d["next_b_left"]):
-                            m.d.comb += f_step.eq(1)
-                            m.next = "BLOCK"
+                with m.If(issued & word_end & ~d["next_a_left"] & ~d["next_b_left"]):
+                    m.d.comb += f_step.eq(1)
+                    m.d.sync += f_active.eq(0)
+                    m.next = "BLOCK"
+
+        # A read's moves (``issued`` implies READ: no decode of the state in their enables).
+        with m.If(issued):
+            with m.If(f_is_b):
+                m.d.sync += [*set_b_pos(Mux(cols_end, 0, fi + 1),
+                                        Mux(cols_end, b_col0, col + 1)),
+                             b_cells.eq(Mux(cols_end, b_cells0, b_cells_next))]
+            with m.Elif(~rows_end):
+                m.d.sync += set_a_pos(a_next_i, Mux(run.m32, (row | 1) + 1, row + 1),
+                                      fh, fea_halved)
+            with m.Elif(second_half):
+                m.d.sync += set_a_pos(0, a_row0, 1, fea_halved)
+            with m.Elif(more_panels):
+                m.d.sync += [*set_a_pos(0, a_row0 + rows, 0, fea_halved),
+                             *set_panel(a_row0 + rows, fpp + 1)]
+            with m.If(~f_is_b & a_last):
+                m.d.sync += fa_entry.eq(fa_entry + 1)
+            with m.If(word_end):
+                first_row = Mux(col_outer, phase_row0, f_row0)
+                halved = run.m32 & (d["next_fea"] < a_half)
+                m.d.sync += [*set_fea(d["next_fea"]),
+                             *set_fka(d["next_fka"]), *set_feb(d["next_feb"]),
+                             *set_fkb(d["next_fkb"]),
+                             *set_a_pos(0, first_row, 0, halved),
+                             *set_panel(first_row, 0),
+                             *set_b_pos(0, Mux(d["b_panel_end"], b_col0 + cols, b_col0)),
+                             a_left.eq(d["next_a_left"]), b_left.eq(d["next_b_left"]),
+                             f_is_b.eq(~d["pick_a"])]
+                with m.If(a_col_end):
+                    m.d.sync += fa_eofs.eq(fa_eofs + panels)
+                with m.If(d["next_phase"]):
+                    m.d.sync += [*set_phase_row0(phase_row0 + rows * slots),
+                                 *set_a_pos(0, phase_row0 + rows * slots, 0, halved),
+                                 *set_panel(phase_row0 + rows * slots, 0),
+                                 phase_p.eq(phase_p + slots), fa_eofs.eq(0),
+                                 ph_end.eq(ph_end + slots), ph_end2.eq(ph_end2 + slots)]
+                with m.If(d["b_panel_end"]):
+                    # The next B panel starts at the column after this one.
+                    m.d.sync += [b_done_col.eq(b_col0 + cols), *set_b_col0(b_col0 + cols),
+                                 b_cells0.eq(b_cells_next),
+                                 b_cells.eq(b_cells_next), b_ebase.eq(b_ebase + wpc),
+                                 b_qblk.eq(b_qnext), b_qnext.eq(b_qnext + panels)]
 
         # Responses: write the lane(s) of the entry; count completed entries.
         got = Signal.like(dests.r_data)
@@ -564,7 +571,10 @@ class PanelFeed(FeedComponent):
         p_row_ok, p_col_ok = Signal(rows), Signal(cols)
 
         offer, null, first = Signal(), Signal(), Signal()
-        go = ~self.feed.valid | self.feed.ready      # the output stages move
+        # The output stages move whenever the consumer is ready, even into an empty output
+        # register: their enable (about 2,000 register and block-RAM inputs) is then the
+        # engine's ready flip-flop, not a LUT of it and ``feed.valid`` (decision 30).
+        go = self.feed.ready
         advance = p_valid & p_ok & go
         emit = offer & (~p_valid | advance)
         next_slot = Signal()
