@@ -574,7 +574,9 @@ class TileStore(wiring.Component):
             inside = Cat(*(need_is[n] & free[k - n + 1:k + 1].all() for n in range(1, k + 2)))
             m.d.comb += hits[k].eq((free[:k + 1].all() & (run >= need_before[k])) | inside.any())
         # The hit chunk's CELLs that end a fitting run are registered, and the first of them
-        # a cycle later with ``scan_found`` (T27).
+        # a cycle later with ``scan_found`` (T27).  They follow every chunk until a hit and
+        # hold from then on, so their enable is ``scan_hit``'s flip-flop, not the hit test
+        # (T30).
         hit_cells = Signal(SCAN_CELLS_PER_CYCLE, name="scan_hit_cells")
         hit_pos = Signal.like(chunk_pos, name="scan_hit_pos")
         first = Signal(range(SCAN_CELLS_PER_CYCLE))
@@ -585,10 +587,12 @@ class TileStore(wiring.Component):
         for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
             with m.If(free[k:].all()):
                 m.d.comb += trailing.eq(SCAN_CELLS_PER_CYCLE - k)
+        with m.If(~scan_hit):
+            m.d.sync += [hit_cells.eq(hits), hit_pos.eq(chunk_pos)]
         with m.If(scan_active & chunk_valid & ~scan_hit & ~scan_failed):
             m.d.sync += run.eq(Mux(free.all(), run + SCAN_CELLS_PER_CYCLE, trailing))
             with m.If(hits.any()):
-                m.d.sync += [scan_hit.eq(1), hit_cells.eq(hits), hit_pos.eq(chunk_pos)]
+                m.d.sync += scan_hit.eq(1)
             with m.Elif(chunk_last):
                 m.d.sync += scan_failed.eq(1)
         with m.If(scan_hit & ~scan_found):     # (a scan ends with scan_found set)
