@@ -147,7 +147,9 @@ class PostProcess(wiring.Component):
     Members
     -------
     plan : In(PostProcessPlan)
-        Operation-wide inputs; must not change while ``busy`` or a beat is offered.
+        Operation-wide inputs; set at least one cycle before the operation's first beat
+        is offered (the unit decodes it into registers), and held while ``busy`` or a
+        beat is offered.
     acc_in : In(stream.Signature(AccBeat))
         Raw accumulator elements, row-major, ``last`` on each row's last element.
     d_out : Out(stream.Signature(DBeat))
@@ -207,6 +209,13 @@ class PostProcess(wiring.Component):
         m = Module()
         plan, beat = self.plan, self.acc_in.payload
         ctl, quant_source, plan_ok, bit_copy = self._decode_plan(m)
+        # The mode table's decode is registered every cycle, whatever the pipeline does:
+        # the plan is set a cycle before its first beat and held while beats are inside, so
+        # these registers serve every stage and the decode reaches none of them (issue #9).
+        decoded = {"ctl": Signal(ConvControl()), "quant_source": Signal(2),
+                   "plan_ok": Signal(), "bit_copy": Signal()}
+        m.d.sync += [decoded["ctl"].eq(ctl), decoded["quant_source"].eq(quant_source),
+                     decoded["plan_ok"].eq(plan_ok), decoded["bit_copy"].eq(bit_copy)]
 
         # Row and group position of the beat on offer.
         row_first = Signal(init=1)
@@ -230,21 +239,17 @@ class PostProcess(wiring.Component):
         advance = ~out_valid | self.d_out.ready
         pipe = Module()
         m.submodules.pipe = EnableInserter(advance)(pipe)
-        # The beat and the decoded plan enter through a register: the mode table's decode
-        # reaches neither the parameter select nor the converter's input (issue #9).  The
-        # plan may still be set with the first beat: it is decoded in the cycle the beat is
-        # taken.
+        # The beat enters through a register.
         take = pipeline_boundary(pipe, True, "take", valid=self.acc_in.valid, p=beat.p,
                                  last=beat.last, quant=beat.quant, alpha=beat.alpha,
                                  rowmax_in=beat.rowmax_in, row_first=row_first,
-                                 group_first=group_first, group_last=group_last, ctl=ctl,
-                                 quant_source=quant_source, plan_ok=plan_ok,
-                                 bit_copy=bit_copy)
+                                 group_first=group_first, group_last=group_last)
         # The bit copy needs the whole decode: its two terms are registered and joined here.
         ctl = Signal(ConvControl())
-        m.d.comb += [ctl.eq(take["ctl"]), ctl.copy.eq(~take["plan_ok"] | take["bit_copy"])]
+        m.d.comb += [ctl.eq(decoded["ctl"]),
+                     ctl.copy.eq(~decoded["plan_ok"] | decoded["bit_copy"])]
         quant = Signal(64)
-        with m.Switch(take["quant_source"]):
+        with m.Switch(decoded["quant_source"]):
             with m.Case(_PARAM_CODE[ParamKind.VECTOR]):
                 m.d.comb += quant.eq(take["quant"])
             with m.Case(_PARAM_CODE[ParamKind.SCALAR]):
@@ -367,6 +372,7 @@ def bench_postprocess(elements: int = 4000, synthesize: bool = True) -> dict:
     async def bench(ctx):
         ctx.set(dut.plan.as_value(), plan)
         ctx.set(dut.d_out.ready, 1)
+        await ctx.tick()                            # the plan leads its first beat
         ctx.set(dut.acc_in.valid, 1)
         received, cycles = 0, 0
         start = time.perf_counter()

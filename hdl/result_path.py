@@ -463,6 +463,11 @@ class ResultPath(wiring.Component):
         asm_data = [Signal(64, name=f"asm{b}_data") for b in range(rows)]
         asm_mask = [Signal(8, name=f"asm{b}_mask") for b in range(rows)]
         asm = list(zip(asm_valid, asm_addr, asm_data, asm_mask))
+        # Each open word's index from the start of D (the bit address without its offset),
+        # beside its address: an element's word is compared by index, so the compare needs
+        # no adder (the index names one word within the run, whose D base holds still).
+        asm_index = [Signal(aw, name=f"asm{b}_index") for b in range(rows)]
+        d_index = Signal(aw)
         # The open word of the element's bank has registers of its own, kept equal to that
         # bank's assembly register: the writer's decisions start from flip-flops, not from a
         # bank multiplexer.
@@ -473,7 +478,11 @@ class ResultPath(wiring.Component):
         cur = Cat(cur_valid, cur_addr, cur_data, cur_mask)
         wr_d = Signal(MemWriteLayout(cfg))
         wr_d_valid = Signal()
-        same = cur_valid & (cur_addr == d_addr)
+        # Whether the element's word is the open word is decided when the element enters
+        # ``d``, against the open word it will meet there: the 64-bit word multiplexers
+        # below start from this flip-flop, not from an address compare (issue #9).
+        e_index = e_bits[6:6 + aw]
+        same = Signal()
         conflict = cur_valid & ~same
         # The element's word: the open word with the element merged in when it is the same
         # word, else the element alone.
@@ -506,14 +515,15 @@ class ResultPath(wiring.Component):
                          e_row_end.eq(c_col + 1 == run.n)]
         with m.If(d_load):
             m.d.sync += [d_valid.eq(1), d_bank.eq(e_bank), d_addr.eq(e_addr),
-                         d_ins.eq((e_data << e_off)[:64]),
+                         d_index.eq(e_index), d_ins.eq((e_data << e_off)[:64]),
                          d_mask.eq(byte_mask(d_log2w, e_off)), d_row_end.eq(e_row_end)]
             with m.If(d_here & (d_bank == e_bank)):
-                m.d.sync += cur.eq(placed)
+                m.d.sync += [cur.eq(placed), same.eq(~d_row_end & (d_index == e_index))]
             with m.Else():
                 for b in range(rows):
                     with m.If(e_bank == b):
-                        m.d.sync += cur.eq(Cat(*asm[b]))
+                        m.d.sync += [cur.eq(Cat(*asm[b])),
+                                     same.eq(asm_valid[b] & (asm_index[b] == e_index))]
         with m.Elif(d_here):
             m.d.sync += cur.eq(placed)
         with m.If(d_here & ~d_load):
@@ -524,7 +534,7 @@ class ResultPath(wiring.Component):
                 m.d.sync += [wr_d.eq(wr_d2), wr_d2_valid.eq(0)]
         for b in range(rows):
             with m.If(d_here & (d_bank == b)):
-                m.d.sync += Cat(*asm[b]).eq(placed)
+                m.d.sync += [Cat(*asm[b]).eq(placed), asm_index[b].eq(d_index)]
         # Both write registers are free at the next edge when an element is placed, so they
         # load with every element (enables from registers); the compare picks only what is
         # valid and what the first one holds: the open word that the element leaves, or the

@@ -529,6 +529,7 @@ def test_pipeline_fills_while_output_stalls():
     async def bench(ctx):
         ctx.set(dut.plan.as_value(), op.plan)
         ctx.set(dut.d_out.ready, 0)
+        await ctx.tick()                            # the plan leads its first beat
         sent, got = 0, []
         for cycle in range(40):
             if cycle == 20:
