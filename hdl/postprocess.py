@@ -163,8 +163,9 @@ class PostProcess(wiring.Component):
         A beat is inside the unit.
     plan_ok : Out(1)
         The build implements the plan: an assigned, built PreQuantMode that accepts
-        ``acc_type``, and a GroupNCode of 0..9.  When low, D is a bit copy of P (the
-        preflight rejects such operations before they start).
+        ``acc_type``, and a GroupNCode of 0..9 (two cycles after the plan is set).  When
+        low, D is a bit copy of P (the preflight rejects such operations before they
+        start).
     """
 
     #: Cycles from an accepted beat to its ``d_out`` beat (without stalls): the input
@@ -208,14 +209,7 @@ class PostProcess(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         plan, beat = self.plan, self.acc_in.payload
-        ctl, quant_source, plan_ok, bit_copy = self._decode_plan(m)
-        # The mode table's decode is registered every cycle, whatever the pipeline does:
-        # the plan is set a cycle before its first beat and held while beats are inside, so
-        # these registers serve every stage and the decode reaches none of them (issue #9).
-        decoded = {"ctl": Signal(ConvControl()), "quant_source": Signal(2),
-                   "plan_ok": Signal(), "bit_copy": Signal()}
-        m.d.sync += [decoded["ctl"].eq(ctl), decoded["quant_source"].eq(quant_source),
-                     decoded["plan_ok"].eq(plan_ok), decoded["bit_copy"].eq(bit_copy)]
+        ctl, quant_source = self._decode_plan(m)
 
         # Row and group position of the beat on offer.
         row_first = Signal(init=1)
@@ -244,12 +238,8 @@ class PostProcess(wiring.Component):
                                  last=beat.last, quant=beat.quant, alpha=beat.alpha,
                                  rowmax_in=beat.rowmax_in, row_first=row_first,
                                  group_first=group_first, group_last=group_last)
-        # The bit copy needs the whole decode: its two terms are registered and joined here.
-        ctl = Signal(ConvControl())
-        m.d.comb += [ctl.eq(decoded["ctl"]),
-                     ctl.copy.eq(~decoded["plan_ok"] | decoded["bit_copy"])]
         quant = Signal(64)
-        with m.Switch(decoded["quant_source"]):
+        with m.Switch(quant_source):
             with m.Case(_PARAM_CODE[ParamKind.VECTOR]):
                 m.d.comb += quant.eq(take["quant"])
             with m.Case(_PARAM_CODE[ParamKind.SCALAR]):
@@ -300,7 +290,7 @@ class PostProcess(wiring.Component):
             out.groupmax.eq(folded["group"]["result"]),
         ]
         m.d.comb += [self.d_out.valid.eq(out_valid), self.d_out.payload.eq(out),
-                     self.acc_in.ready.eq(advance), self.plan_ok.eq(plan_ok),
+                     self.acc_in.ready.eq(advance),
                      self.busy.eq(out_valid | Cat(*(st["valid"] for st in stages)).any())]
 
         delivered = self.d_out.valid & self.d_out.ready
@@ -309,42 +299,66 @@ class PostProcess(wiring.Component):
         return m
 
     def _decode_plan(self, m):
-        """Controls of the converter from the plan, through the model's mode table; the
-        bit copy (``ctl.copy``, left 0) is ``~plan_ok | bit_copy``, both returned."""
+        """The converter's controls and the parameter source, decoded from the plan through
+        the model's mode table in two register stages that load every cycle; drives
+        ``plan_ok``.
+
+        The first stage looks up the mode and the accumulator type apart, the second joins
+        them.  The plan is set a cycle before its first beat and the controls are first
+        used as that beat leaves ``take``, two edges later, so the decode reaches no stage
+        of the pipeline (issue #9).
+        """
         plan = self.plan
-        ctl = Signal(ConvControl())
-        quant_source = Signal(2)                        # a _PARAM_CODE value
-        mode_ok = Signal()
-        acc_ok = Signal()
+        # Stage 1: the mode table and the accumulator type, each on its own.
+        src = Signal(SrcKind)
         src_known = Signal()
+        acc_out = Signal(OutKind)                       # mode 0's D: the accumulator's own
         with m.Switch(plan.acc_type):
             for dtype in self.acc_types:
                 with m.Case(int(dtype)):
-                    m.d.comb += [ctl.src.eq(_SRC_OF[dtype]), src_known.eq(1)]
-        resolved = Mux(plan.rmode == RMode.NONE, RMode.RNE, plan.rmode)
+                    m.d.sync += [src.eq(_SRC_OF[dtype]), src_known.eq(1),
+                                 acc_out.eq(OUT_KIND_OF[dtype] if dtype is not DataType.U32
+                                            else 0)]
+            with m.Default():
+                m.d.sync += [src.eq(0), src_known.eq(0), acc_out.eq(0)]
+        resolved = Signal(3)
+        m.d.sync += resolved.eq(Mux(plan.rmode == RMode.NONE, RMode.RNE, plan.rmode))
+        mode = {"ok": Signal(), "copy_mode": Signal(), "source_ok": Signal(),
+                "shift": Signal(), "own_rounding": Signal(), "rounding": Signal(3),
+                "param": Signal(2), "out": Signal(OutKind)}
         with m.Switch(plan.pre_quant_mode):
-            for code, mode in self.modes.items():
+            for code, entry in self.modes.items():
                 with m.Case(code):
-                    m.d.comb += [mode_ok.eq(1), ctl.shift.eq(mode.shift),
-                                 ctl.rounding.eq(resolved if mode.fixed_rounding is None
-                                                 else mode.fixed_rounding),
-                                 quant_source.eq(_PARAM_CODE[mode.param])]
-                    if code == 0:
-                        m.d.comb += acc_ok.eq(src_known)
-                        for dtype in self.acc_types:
-                            if dtype is not DataType.U32:
-                                with m.If(plan.acc_type == int(dtype)):
-                                    m.d.comb += ctl.out.eq(OUT_KIND_OF[dtype])
-                    else:
-                        m.d.comb += acc_ok.eq(plan.acc_type == int(mode.source))
-                        if not mode.shift:
-                            m.d.comb += ctl.out.eq(OUT_KIND_OF[mode.d_dtype])
-        plan_ok = mode_ok & acc_ok & (plan.group_n_code <= max(_GROUP_N))
-        bit_copy = (plan.pre_quant_mode == 0) & ((plan.relu_mode == 0)
-                                                 | (ctl.src == SrcKind.U32))
-        m.d.comb += [ctl.relu.eq(plan.relu_mode), ctl.sat.eq(plan.sat)]
-        return ctl, quant_source, plan_ok, bit_copy
+                    m.d.sync += [
+                        mode["ok"].eq(1), mode["copy_mode"].eq(code == 0),
+                        mode["source_ok"].eq(1 if code == 0
+                                             else plan.acc_type == int(entry.source)),
+                        mode["shift"].eq(entry.shift),
+                        mode["own_rounding"].eq(entry.fixed_rounding is None),
+                        mode["rounding"].eq(entry.fixed_rounding or 0),
+                        mode["param"].eq(_PARAM_CODE[entry.param]),
+                        mode["out"].eq(OUT_KIND_OF[entry.d_dtype]
+                                       if code != 0 and not entry.shift else 0)]
+            with m.Default():
+                m.d.sync += [v.eq(0) for v in mode.values()]
+        group_ok = Signal()
+        relu = Signal(2)
+        sat = Signal()
+        m.d.sync += [group_ok.eq(plan.group_n_code <= max(_GROUP_N)),
+                     relu.eq(plan.relu_mode), sat.eq(plan.sat)]
 
+        # Stage 2: the controls.
+        ctl = Signal(ConvControl())
+        quant_source = Signal(2)                        # a _PARAM_CODE value
+        plan_ok = mode["ok"] & Mux(mode["copy_mode"], src_known, mode["source_ok"]) & group_ok
+        bit_copy = mode["copy_mode"] & ((relu == 0) | (src == SrcKind.U32))
+        m.d.sync += [
+            ctl.src.eq(src), ctl.shift.eq(mode["shift"]),
+            ctl.rounding.eq(Mux(mode["own_rounding"], resolved, mode["rounding"])),
+            ctl.out.eq(Mux(mode["copy_mode"], acc_out, mode["out"])),
+            ctl.relu.eq(relu), ctl.sat.eq(sat), ctl.copy.eq(~plan_ok | bit_copy),
+            quant_source.eq(mode["param"]), self.plan_ok.eq(plan_ok)]
+        return ctl, quant_source
 
 
 def bench_postprocess(elements: int = 4000, synthesize: bool = True) -> dict:

@@ -139,7 +139,6 @@ def stream_ops(dut, ops, rng, p_in=0.75, p_out=0.75):
             ctx.set(dut.clear, 1)
             await ctx.tick()
             ctx.set(dut.clear, 0)
-            assert ctx.get(dut.plan_ok), op.describe()
             sent, got = 0, []
             total = len(op.beats)
             while len(got) < total:
@@ -156,6 +155,7 @@ def stream_ops(dut, ops, rng, p_in=0.75, p_out=0.75):
                 if take and out_valid:
                     got.append(payload)
             ctx.set(dut.acc_in.valid, 0)
+            assert ctx.get(dut.plan_ok), op.describe()
             results.append((got, ctx.get(dut.flags)))
 
     sim = Simulator(dut)
@@ -569,11 +569,14 @@ def test_plan_ok_and_bit_copy_for_unbuilt_plans():
                               (5, T.S32, 0), (0, T.FP32, 0), (6, T.S32, 0)):
             ctx.set(dut.plan.as_value(), PLAN.pack(acc_type=int(acc), pre_quant_mode=code,
                                         quant_scalar=0x3F800000))
+            await ctx.tick().repeat(2)              # the decode's two register stages
             assert ctx.get(dut.plan_ok) == ok, (code, acc)
         ctx.set(dut.plan.as_value(), PLAN.pack(acc_type=int(T.S32), pre_quant_mode=3,
                                     group_n_code=12))
+        await ctx.tick().repeat(2)
         assert ctx.get(dut.plan_ok) == 0
     sim = Simulator(dut)
+    sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
 
