@@ -476,8 +476,6 @@ class ResultPath(wiring.Component):
         cur_data = Signal(64)
         cur_mask = Signal(8)
         cur = Cat(cur_valid, cur_addr, cur_data, cur_mask)
-        wr_d = Signal(MemWriteLayout(cfg))
-        wr_d_valid = Signal()
         # Whether the element's word is the open word is decided when the element enters
         # ``d``, against the open word it will meet there: the 64-bit word multiplexers
         # below start from this flip-flop, not from an address compare (issue #9).
@@ -491,18 +489,21 @@ class ResultPath(wiring.Component):
         # The bank's open word once the element is placed: none once its row ends (an open
         # word's contents count only while it is valid).
         placed = Cat(~d_row_end, d_addr, merged_data, merged_mask)
-        # The D write register frees in the cycle its word is written, and an element that
-        # finds another word open writes that word and opens its own in the same cycle (a
-        # bank's rows alternate words with every block column).  An element that also ends
-        # its row has two words to write: its own goes into a second register (``wr_d2``),
-        # which the next element waits for.  Whether an element advances is thus known from
-        # registers: the address compare reaches only the words, not the stages' enables
-        # nor the FIFO reads (issue #9).
-        wr_d2 = Signal(MemWriteLayout(cfg))
-        wr_d2_valid = Signal()
+        # An element that finds another word open writes that word and opens its own in
+        # the same cycle (a bank's rows alternate words with every block column); one that
+        # ends its row writes its own word, so an element writes up to two words.  They
+        # wait for the write port in a ring of four registers, and an element is placed
+        # only while the ring has room for two: ``room`` is a register computed a cycle
+        # ahead, so whether an element advances is known from flip-flops.  The port's
+        # handshake reaches the ring's pointers only, and the address compare only the
+        # words, neither the stages' enables nor the FIFO reads (issue #9).
+        ring = [Signal(MemWriteLayout(cfg), name=f"wq{k}") for k in range(4)]
+        w_ptr = Signal(2)
+        r_ptr = Signal(2)
+        used = Signal(3)
+        room = Signal(init=1)
         d_taken = Signal()
-        d_free = ~wr_d2_valid & (~wr_d_valid | d_taken)
-        d_here = d_valid & d_free
+        d_here = d_valid & room
         d_load = e_valid & (~d_valid | d_here)
         e_load = coords.r_rdy & dq.r_rdy & (~e_valid | d_load)
         m.d.comb += [coords.r_en.eq(e_load), dq.r_en.eq(e_load)]
@@ -528,24 +529,30 @@ class ResultPath(wiring.Component):
             m.d.sync += cur.eq(placed)
         with m.If(d_here & ~d_load):
             m.d.sync += d_valid.eq(0)
-        with m.If(d_taken):
-            m.d.sync += wr_d_valid.eq(wr_d2_valid)
-            with m.If(wr_d2_valid):
-                m.d.sync += [wr_d.eq(wr_d2), wr_d2_valid.eq(0)]
         for b in range(rows):
             with m.If(d_here & (d_bank == b)):
                 m.d.sync += [Cat(*asm[b]).eq(placed), asm_index[b].eq(d_index)]
-        # Both write registers are free at the next edge when an element is placed, so they
-        # load with every element (enables from registers); the compare picks only what is
-        # valid and what the first one holds: the open word that the element leaves, or the
-        # element's word that ends its row.
+        # The two ring entries at ``w_ptr`` are free whenever an element is placed, so they
+        # load with every element (enables from registers); only the words pushed count: the
+        # open word that the element leaves and its own word when it ends its row, or its
+        # own word alone when it ends its row in the open word.
+        first = Signal(MemWriteLayout(cfg))
+        second = Signal(MemWriteLayout(cfg))
+        m.d.comb += [first.space.eq(run.space), first.addr.eq(Mux(conflict, cur_addr, d_addr)),
+                     first.data.eq(Mux(conflict, cur_data, merged_data)),
+                     first.mask.eq(Mux(conflict, cur_mask, merged_mask)),
+                     second.space.eq(run.space), second.addr.eq(d_addr),
+                     second.data.eq(d_ins), second.mask.eq(d_mask)]
         with m.If(d_here):
-            m.d.sync += [wr_d_valid.eq(conflict | d_row_end), wr_d.space.eq(run.space),
-                         wr_d.addr.eq(Mux(conflict, cur_addr, d_addr)),
-                         wr_d.data.eq(Mux(conflict, cur_data, merged_data)),
-                         wr_d.mask.eq(Mux(conflict, cur_mask, merged_mask)),
-                         wr_d2_valid.eq(conflict & d_row_end), wr_d2.space.eq(run.space),
-                         wr_d2.addr.eq(d_addr), wr_d2.data.eq(d_ins), wr_d2.mask.eq(d_mask)]
+            for k in range(4):
+                with m.If(w_ptr == k):
+                    m.d.sync += ring[k].eq(first)
+                with m.If(w_ptr == (k - 1) % 4):
+                    m.d.sync += ring[k].eq(second)
+        pushed = Mux(d_here, (conflict | d_row_end) + (conflict & d_row_end), 0)
+        used_next = used + pushed - d_taken
+        m.d.sync += [used.eq(used_next), room.eq(used_next <= 2),
+                     w_ptr.eq(w_ptr + pushed), r_ptr.eq(r_ptr + d_taken)]
 
         # ------------------------------------------------------------------
         # Write port: reductions, D, prefill (the prefill ends before any data exists)
@@ -563,8 +570,9 @@ class ResultPath(wiring.Component):
             with m.Elif(group_hold_valid):
                 m.d.sync += [wr.valid.eq(1), wr.payload.eq(group_hold),
                              group_hold_valid.eq(0)]
-            with m.Elif(wr_d_valid):
-                m.d.sync += [wr.valid.eq(1), wr.payload.eq(wr_d)]
+            with m.Elif(used != 0):
+                m.d.sync += [wr.valid.eq(1),
+                             wr.payload.eq(Array(w.as_value() for w in ring)[r_ptr])]
                 m.d.comb += d_taken.eq(1)
             with m.Elif(pre_valid):
                 m.d.sync += [wr.valid.eq(1), wr.payload.space.eq(run.space),
@@ -582,7 +590,7 @@ class ResultPath(wiring.Component):
         # ------------------------------------------------------------------
         idle_inside = ~held_valid & ~buf_valid & ~post.busy & ~post.d_out.valid \
             & ~coords.r_rdy & ~e_valid & ~d_valid & ~Cat(*(st.valid for st in line)).any() \
-            & ~row_hold_valid & ~group_hold_valid & ~wr_d_valid & ~wr_d2_valid & ~wr.valid \
+            & ~row_hold_valid & ~group_hold_valid & (used == 0) & ~wr.valid \
             & pre_done
         with m.FSM():
             with m.State("IDLE"):
