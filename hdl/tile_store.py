@@ -144,7 +144,7 @@ def _thermometer(m: Module, value, width: int, name: str) -> Signal:
 
 
 #: Cycles from the inputs of :func:`_implicit_flags` to its word.
-IMPLICIT_CYCLES = 5
+IMPLICIT_CYCLES = 6
 
 
 def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) -> Signal:
@@ -156,7 +156,8 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
     valid that many cycles after its inputs, which must hold meanwhile (decision T24).  The
     stages: log2 of the columns (0 unless a power of two) and that clamped to 6; the rows and
     columns used before the word's first element; the rows and columns that remain to the
-    region's end, clamped to 0-64; those as thermometer codes (T14); the word.
+    region's end, clamped to 0-64; those as thermometer codes (T14); each element's row
+    and column test (T31); the word.
     Element i is ``i >> log2`` rows and ``i & (columns - 1)`` columns past the word's first
     element: the 64 elements of a word never carry into higher slot bits, since physical
     columns are a power of two."""
@@ -177,13 +178,15 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
         m.d.sync += bits.eq(thermometer)
         below.append(bits)
     rows_below, cols_below = below
-    flags = Signal(64, name=name)
+    # Element i's row and column tests, each a multiplexer on ``log6`` registered, then
+    # their AND (T31).
+    rows_ok, cols_ok = Signal(64, name=f"{name}_rows_ok"), Signal(64, name=f"{name}_cols_ok")
     for i in range(64):
-        # Multiplexers by the binary ``log6`` (a LUT and the wide-function muxes each),
-        # not AND-ORs under a one-hot: 14 inputs cost three LUT levels (T31).
-        row_ok = Array(rows_below[i >> min(k, 6)] for k in range(8))[log6]
-        col_ok = Array(cols_below[i & ((1 << min(k, 6)) - 1)] for k in range(8))[log6]
-        m.d.sync += flags[i].eq(row_ok & col_ok)
+        m.d.sync += [
+            rows_ok[i].eq(Array(rows_below[i >> min(k, 6)] for k in range(8))[log6]),
+            cols_ok[i].eq(Array(cols_below[i & ((1 << min(k, 6)) - 1)] for k in range(8))[log6])]
+    flags = Signal(64, name=name)
+    m.d.sync += flags.eq(rows_ok & cols_ok)
     return flags
 
 
@@ -507,19 +510,19 @@ class TileStore(wiring.Component):
         outs = plan.outputs
         source = Cat(plan.operands[9].index[:6], self.src_pe)     # its Local entry
         src_local = Signal(8, name="src_local")                   # ... as ``src_load`` read it
-        # Each output's CELLs, and bit 4p + j: output j is placed / published on PE p,
-        # registered from the copy: the walks read them from the second cycle after the
-        # request (T13, T24, T31).
+        # Each output's CELLs, registered from the copy: PLACE's walk reads them from the
+        # second cycle after the request (T13, T24, T31).
         out_cells = Array(Signal(13, name=f"out_cells{j}") for j in range(len(outs)))
         for cells_r, o in zip(out_cells, outs):
             m.d.sync += cells_r.eq(Mux(o.role == OutputRole.NONE, 0,
                                        (Const(1, 13) << (o.size_code - 1)[:4])[:13]))
-        out_todo = Signal(PE_COUNT * 4, name="out_todo")   # 4 per PE: indexed by (j, PE)
-        for p in range(PE_COUNT):                          # (plan mask: PE0 = bit 3)
-            for j, o in enumerate(outs):
-                m.d.sync += out_todo[4 * p + j].eq(plan.pe_mask[3 - p]
-                                                   & (o.role != OutputRole.NONE))
-        walk_todo = out_todo.bit_select(Cat(walk_j, walk_pe), 1)
+        # Bit 3p + j: output j is placed / published on PE p (the plan's mask has PE0 in bit
+        # 3), in the walks' order.  A walk loads it from the copy and shifts it as it
+        # advances, so the pair it stands at is bit 0 of a register (T31).
+        todo = Cat(*(plan.pe_mask[3 - p] & (o.role != OutputRole.NONE)
+                     for p in range(PE_COUNT) for o in outs))
+        walk_left = Signal(len(todo), name="walk_left")
+        walk_todo = walk_left[0]
 
         # The allocator: first fit over the bitmap of ``scan_space``, 8 CELLs per cycle, in
         # two stages (decision T13).  FETCH registers the next 8-CELL chunk; EVAL looks in
@@ -581,6 +584,12 @@ class TileStore(wiring.Component):
                                            Mux(need_le[k + 1 + c_w], 0, less)))]
         for n in range(1, c_w + 1):
             m.d.sync += need_is[n].eq(scan_need == n)
+        # ... and, for a chunk that is not all free, the chunk CELLs that must be free for
+        # the run after it (its free CELLs at the end) to reach ``need - k - 1``: the last
+        # ``need - k - 1`` (all of them when that is 8 or more, or need is 0).
+        need_tail = [Signal(c_w, name=f"scan_need_tail{k}") for k in range(c_w)]
+        for k, tail in enumerate(need_tail):
+            m.d.sync += tail.eq(Cat(*(need_zero | ~need_le[k + c_w - j] for j in range(c_w))))
         free = ~chunk
         trailing = Signal(range(SCAN_CELLS_PER_CYCLE + 1))
         for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
@@ -593,9 +602,8 @@ class TileStore(wiring.Component):
         run_ok = Signal(c_w, name="scan_run_ok")
         run_ok_next = Signal(c_w, name="scan_run_ok_next")
         for k in range(c_w):
-            m.d.comb += run_ok_next[k].eq(Mux(
-                free.all(), run >= need_after_free[k],
-                ~need_zero & Array(need_le[k + 1 + t] for t in range(c_w))[trailing[:3]]))
+            m.d.comb += run_ok_next[k].eq(Mux(free.all(), run >= need_after_free[k],
+                                              (chunk & need_tail[k]) == 0))
         with m.If(scan_active & ~chunk_valid):
             m.d.sync += run_ok.eq(Cat(*(~need_zero & need_le[k + 1] for k in range(c_w))))
         hits = Signal(SCAN_CELLS_PER_CYCLE)
@@ -898,7 +906,8 @@ class TileStore(wiring.Component):
         with m.FSM(name="seq"):
             with m.State("IDLE"):
                 with m.If(self.req_valid & (self.req != StoreOp.NONE)):
-                    m.d.sync += [req.eq(self.req), walk_pe.eq(0), walk_j.eq(0), ok.eq(1)]
+                    m.d.sync += [req.eq(self.req), walk_pe.eq(0), walk_j.eq(0), ok.eq(1),
+                                 walk_left.eq(todo)]
                     with m.Switch(self.req):
                         with m.Case(StoreOp.PLACE):
                             m.d.sync += placed.eq(0)
@@ -1049,8 +1058,9 @@ class TileStore(wiring.Component):
 
             # ---- placement of an approved plan ---------------------------------------
             with m.State("PLACE_PLAN"):
-                # The plan's copy is registered; ``out_cells`` / ``out_todo`` follow (T31).
+                # The plan's copy is registered; ``out_cells`` follow (T31).
                 m.d.comb += busy.eq(1)
+                m.d.sync += walk_left.eq(todo)
                 m.next = "PLACE_NEXT"
 
             with m.State("PLACE_NEXT"):
@@ -1062,7 +1072,7 @@ class TileStore(wiring.Component):
                     m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j])]
                     m.next = "PLACE_SCAN"
                 with m.Else():
-                    self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
+                    self._advance(m, walk_pe, walk_j, walk_left, "PLACE_NEXT", "PLACE_END")
 
             with m.State("PLACE_SCAN"):
                 m.d.comb += busy.eq(1)
@@ -1072,7 +1082,7 @@ class TileStore(wiring.Component):
                     m.d.sync += [bases[walk_pe][walk_j].eq(scan_base),
                                  ends[walk_pe][walk_j].eq(scan_end),
                                  placed.bit_select(Cat(walk_j, walk_pe), 1).eq(1)]
-                    self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
+                    self._advance(m, walk_pe, walk_j, walk_left, "PLACE_NEXT", "PLACE_END")
                 with m.Elif(scan_failed):
                     # Fragmentation: undo what this bundle placed (decision T4).
                     m.d.sync += [ok.eq(0), walk_pe.eq(0), walk_j.eq(0)]
@@ -1087,7 +1097,7 @@ class TileStore(wiring.Component):
                 with m.If(placed.bit_select(Cat(walk_j, walk_pe), 1)):
                     m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(bases[walk_pe][walk_j]),
                                  mark_end.eq(ends[walk_pe][walk_j]), mark_clear.eq(1)]
-                self._advance(m, walk_pe, walk_j, "FREE_PLACED", "PLACE_END")
+                self._advance(m, walk_pe, walk_j, walk_left, "FREE_PLACED", "PLACE_END")
 
             # ---- publication ----------------------------------------------------------
             with m.State("PUBLISH"):
@@ -1098,7 +1108,7 @@ class TileStore(wiring.Component):
                     m.d.sync += pub_en.eq(1)
                 with m.If((walk_pe == PE_COUNT - 1) & (walk_j == 2)):
                     m.d.sync += status.eq(status | self.flags)
-                self._advance(m, walk_pe, walk_j, "PUBLISH", "PUBLISH_END")
+                self._advance(m, walk_pe, walk_j, walk_left, "PUBLISH", "PUBLISH_END")
 
             with m.State("PUBLISH_END"):
                 # The last output's second stage.
@@ -1287,8 +1297,10 @@ class TileStore(wiring.Component):
         return _one_hot_select(last, [port.data for port in ports])
 
     @staticmethod
-    def _advance(m, pe, j, same, last):
-        """Next (PE, output) of a walk over 4 x 3 entries, PE0 first."""
+    def _advance(m, pe, j, left, same, last):
+        """Next (PE, output) of a walk over 4 x 3 entries, PE0 first; ``left`` shifts to
+        the next entry's bit."""
+        m.d.sync += left.eq(left >> 1)
         with m.If(j == 2):
             m.d.sync += [j.eq(0), pe.eq(pe + 1)]
             with m.If(pe == PE_COUNT - 1):
