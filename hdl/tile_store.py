@@ -144,7 +144,7 @@ def _thermometer(m: Module, value, width: int, name: str) -> Signal:
 
 
 #: Cycles from the inputs of :func:`_implicit_flags` to its word.
-IMPLICIT_CYCLES = 5
+IMPLICIT_CYCLES = 6
 
 
 def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) -> Signal:
@@ -154,16 +154,17 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
 
     A pipeline of :data:`IMPLICIT_CYCLES` stages that register every cycle: the word is
     valid that many cycles after its inputs, which must hold meanwhile (decision T24).  The
-    stages: log2 of the columns (0 unless a power of two) and its one-hot, clamped to 6;
-    the rows and columns used before the word's first element; the rows and columns that
-    remain to the region's end, clamped to 0-64; those as thermometer codes (T14); the word.
+    stages: log2 of the columns (0 unless a power of two) and that clamped to 6; the rows and
+    columns used before the word's first element; the rows and columns that remain to the
+    region's end, clamped to 0-64; those as thermometer codes (T14); each element's row
+    and column test (T31); the word.
     Element i is ``i >> log2`` rows and ``i & (columns - 1)`` columns past the word's first
     element: the 64 elements of a word never carry into higher slot bits, since physical
     columns are a power of two."""
     log = Signal(5, name=f"{name}_log")
-    log6 = Signal(7, name=f"{name}_log6")       # one-hot: min(log, 6)
+    log6 = Signal(3, name=f"{name}_log6")       # min(log, 6)
     m.d.sync += [log.eq(Mux((phys_cols & pc_mask) == 0, one_hot_index(phys_cols, 16), 0)),
-                 log6.eq(Cat(*(log == k for k in range(6)), log >= 6))]
+                 log6.eq(Mux(log >= 6, 6, log))]
     first = Cat(Const(0, 6), word)
     rows_used = Signal(len(first), name=f"{name}_rows_used")
     cols_used = Signal(16, name=f"{name}_cols_used")
@@ -177,11 +178,15 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
         m.d.sync += bits.eq(thermometer)
         below.append(bits)
     rows_below, cols_below = below
-    flags = Signal(64, name=name)
+    # Element i's row and column tests, each a multiplexer on ``log6`` registered, then
+    # their AND (T31).
+    rows_ok, cols_ok = Signal(64, name=f"{name}_rows_ok"), Signal(64, name=f"{name}_cols_ok")
     for i in range(64):
-        row_ok = _one_hot_select(log6, [rows_below[i >> k] for k in range(7)])
-        col_ok = _one_hot_select(log6, [cols_below[i & ((1 << k) - 1)] for k in range(7)])
-        m.d.sync += flags[i].eq(row_ok & col_ok)
+        m.d.sync += [
+            rows_ok[i].eq(Array(rows_below[i >> min(k, 6)] for k in range(8))[log6]),
+            cols_ok[i].eq(Array(cols_below[i & ((1 << min(k, 6)) - 1)] for k in range(8))[log6])]
+    flags = Signal(64, name=name)
+    m.d.sync += flags.eq(rows_ok & cols_ok)
     return flags
 
 
@@ -497,20 +502,27 @@ class TileStore(wiring.Component):
             m.d.sync += [src.entry.eq(l_rd.data),
                          src.dst_base.eq(_one_hot_select(src.pe, [b[0] for b in bases]))]
 
-        plan = self.plan
+        # The plan, registered: it holds from the PLACE request to PUBLISH or ABORT, and the
+        # preflight forms it in logic from its record, so the store reads only this copy,
+        # valid from the cycle after the request (T31).
+        plan = Signal.like(self.plan, name="plan_r")
+        m.d.sync += plan.eq(self.plan)
         outs = plan.outputs
         source = Cat(plan.operands[9].index[:6], self.src_pe)     # its Local entry
         src_local = Signal(8, name="src_local")                   # ... as ``src_load`` read it
-        pe_sel = Signal(4)                      # bit p: PE p selected (plan mask is PE0 = bit 3)
-        m.d.comb += pe_sel.eq(Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1],
-                                  plan.pe_mask[0]))
-        # Each output's CELLs, registered: the plan holds from the PLACE request to PUBLISH
-        # or ABORT, and the walks read them from the cycle after the request (T13, T24).
+        # Each output's CELLs, registered from the copy: PLACE's walk reads them from the
+        # second cycle after the request (T13, T24, T31).
         out_cells = Array(Signal(13, name=f"out_cells{j}") for j in range(len(outs)))
         for cells_r, o in zip(out_cells, outs):
             m.d.sync += cells_r.eq(Mux(o.role == OutputRole.NONE, 0,
                                        (Const(1, 13) << (o.size_code - 1)[:4])[:13]))
-        out_valid = Array(o.role != OutputRole.NONE for o in outs)
+        # Bit 3p + j: output j is placed / published on PE p (the plan's mask has PE0 in bit
+        # 3), in the walks' order.  A walk loads it from the copy and shifts it as it
+        # advances, so the pair it stands at is bit 0 of a register (T31).
+        todo = Cat(*(plan.pe_mask[3 - p] & (o.role != OutputRole.NONE)
+                     for p in range(PE_COUNT) for o in outs))
+        walk_left = Signal(len(todo), name="walk_left")
+        walk_todo = walk_left[0]
 
         # The allocator: first fit over the bitmap of ``scan_space``, 8 CELLs per cycle, in
         # two stages (decision T13).  FETCH registers the next 8-CELL chunk; EVAL looks in
@@ -550,29 +562,54 @@ class TileStore(wiring.Component):
                                for s in spaces)[scan_space]),
                 chunk_pos.eq(scan_pos), chunk_last.eq(scan_pos == chunks[scan_space] - 1),
                 chunk_valid.eq(1), scan_pos.eq(scan_pos + 1)]
-        # Facts of ``scan_need``, registered before the first chunk is evaluated: the
-        # carried run a hit at chunk CELL k needs (``need - k - 1``, above any run when need
-        # is 0), in two stages (the compares and the difference, then the choice, T27), and
-        # need as one-hot for runs that lie inside one chunk.
+        # Facts of ``scan_need``, registered before the first chunk is evaluated, in two
+        # stages (the compares and the differences, then the choices, T27): ``need <= c``,
+        # need as one-hot for runs that lie inside one chunk, and the carried run a hit at
+        # chunk CELL k needs if the next chunk is free (``need - k - 9``, above any run when
+        # need is 0 or too big, T31).
         limit = max(pad) + 1
-        need_before = [Signal(run_w, name=f"scan_need_before{k}")
-                       for k in range(SCAN_CELLS_PER_CYCLE)]
-        need_is = [Signal(name=f"scan_need_is{n}") for n in range(SCAN_CELLS_PER_CYCLE + 1)]
+        c_w = SCAN_CELLS_PER_CYCLE
+        need_le = {c: Signal(name=f"scan_need_le{c}") for c in range(1, 2 * c_w + 1)}
+        need_after_free = [Signal(run_w, name=f"scan_need_after_free{k}") for k in range(c_w)]
+        need_is = [Signal(name=f"scan_need_is{n}") for n in range(c_w + 1)]
         need_zero = Signal(name="scan_need_zero")
         m.d.sync += need_zero.eq(scan_need == 0)
-        for k, before in enumerate(need_before):
-            small, big = Signal(name=f"scan_need_small{k}"), Signal(name=f"scan_need_big{k}")
+        for c, le_c in need_le.items():
+            m.d.sync += le_c.eq(scan_need <= c)
+        for k, after_free in enumerate(need_after_free):
+            big = Signal(name=f"scan_need_big{k}")
             less = Signal(run_w, name=f"scan_need_less{k}")
-            m.d.sync += [small.eq(scan_need <= k + 1), big.eq(scan_need >= limit + k + 1),
-                         less.eq(scan_need - (k + 1)),
-                         before.eq(Mux(need_zero, limit, Mux(small, 0, Mux(big, limit, less))))]
-        for n in range(1, SCAN_CELLS_PER_CYCLE + 1):
+            m.d.sync += [big.eq(scan_need >= limit + k + 1), less.eq(scan_need - (k + 1 + c_w)),
+                         after_free.eq(Mux(need_zero | big, limit,
+                                           Mux(need_le[k + 1 + c_w], 0, less)))]
+        for n in range(1, c_w + 1):
             m.d.sync += need_is[n].eq(scan_need == n)
+        # ... and, for a chunk that is not all free, the chunk CELLs that must be free for
+        # the run after it (its free CELLs at the end) to reach ``need - k - 1``: the last
+        # ``need - k - 1`` (all of them when that is 8 or more, or need is 0).
+        need_tail = [Signal(c_w, name=f"scan_need_tail{k}") for k in range(c_w)]
+        for k, tail in enumerate(need_tail):
+            m.d.sync += tail.eq(Cat(*(need_zero | ~need_le[k + c_w - j] for j in range(c_w))))
         free = ~chunk
+        trailing = Signal(range(SCAN_CELLS_PER_CYCLE + 1))
+        for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
+            with m.If(free[k:].all()):
+                m.d.comb += trailing.eq(SCAN_CELLS_PER_CYCLE - k)
+        # Bit k: the carried run is long enough for a hit at chunk CELL k (``run`` >= need -
+        # k - 1, never when need is 0 or above any run), a register that follows ``run``
+        # (T31): from ``need <= k + 1`` before the first chunk, then for the run after each
+        # chunk: ``run + 8`` when the chunk was free, else its free CELLs at the end.
+        run_ok = Signal(c_w, name="scan_run_ok")
+        run_ok_next = Signal(c_w, name="scan_run_ok_next")
+        for k in range(c_w):
+            m.d.comb += run_ok_next[k].eq(Mux(free.all(), run >= need_after_free[k],
+                                              (chunk & need_tail[k]) == 0))
+        with m.If(scan_active & ~chunk_valid):
+            m.d.sync += run_ok.eq(Cat(*(~need_zero & need_le[k + 1] for k in range(c_w))))
         hits = Signal(SCAN_CELLS_PER_CYCLE)
         for k in range(SCAN_CELLS_PER_CYCLE):
             inside = Cat(*(need_is[n] & free[k - n + 1:k + 1].all() for n in range(1, k + 2)))
-            m.d.comb += hits[k].eq((free[:k + 1].all() & (run >= need_before[k])) | inside.any())
+            m.d.comb += hits[k].eq((free[:k + 1].all() & run_ok[k]) | inside.any())
         # The hit chunk's CELLs that end a fitting run are registered, and the first of them
         # a cycle later with ``scan_found`` (T27).  They follow every chunk until a hit and
         # hold from then on, so their enable is ``scan_hit``'s flip-flop, not the hit test
@@ -583,14 +620,11 @@ class TileStore(wiring.Component):
         for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
             with m.If(hit_cells[k]):
                 m.d.comb += first.eq(k)
-        trailing = Signal(range(SCAN_CELLS_PER_CYCLE + 1))
-        for k in reversed(range(SCAN_CELLS_PER_CYCLE)):
-            with m.If(free[k:].all()):
-                m.d.comb += trailing.eq(SCAN_CELLS_PER_CYCLE - k)
         with m.If(~scan_hit):
             m.d.sync += [hit_cells.eq(hits), hit_pos.eq(chunk_pos)]
         with m.If(scan_active & chunk_valid & ~scan_hit & ~scan_failed):
-            m.d.sync += run.eq(Mux(free.all(), run + SCAN_CELLS_PER_CYCLE, trailing))
+            m.d.sync += [run.eq(Mux(free.all(), run + SCAN_CELLS_PER_CYCLE, trailing)),
+                         run_ok.eq(run_ok_next)]
             with m.If(hits.any()):
                 m.d.sync += scan_hit.eq(1)
             with m.Elif(chunk_last):
@@ -735,29 +769,25 @@ class TileStore(wiring.Component):
         f_owners = Signal(3)
         f_synth = Signal()                      # a published PE output: its flags implicit
         f_cube_synth = Signal()                 # ... in a CUBE layout (no flags to read)
-        # The answer of a descriptor, feature-map, GPR or system-register read, the OR of
-        # three registers: HOST_FACTS forms the Local and the Shared / GPR answers as AND-ORs
-        # of the read registers under one-hot selects, and the feature-map part, so few
-        # LUT levels follow the block RAMs' outputs; a system register is copied in
-        # HOST_READS (nothing changes it while a host command runs, decisions T24, T26).
-        f_value_pe = Signal(64, name="f_value_pe")
-        f_value_sh = Signal(64, name="f_value_sh")
-        f_value_fm = Signal(64, name="f_value_fm")
-        f_value = f_value_pe | f_value_sh | f_value_fm
+        # The answer of a descriptor, feature-map, GPR or system-register read, in two
+        # stages (decisions T24, T26, T31).  HOST_FACTS registers from the read registers
+        # the descriptor's two parts and the undefined count, each an AND-OR of the Local
+        # and the Shared entry under one-hot selects, the GPR under its select, the
+        # feature-map part and whether it was written since allocation (T20): one LUT after
+        # the block RAMs' outputs.  HOST_CHECK ORs them, the base (``f_base`` of an
+        # allocated register) and a system register (copied from the system registers in
+        # every cycle: nothing changes them while a host command runs) into ``f_value``.
+        f_parts = {name: Signal(64, name=f"f_value_{name}")
+                   for name in ("desc0", "desc1", "undef", "gpr", "fm")}
+        f_fm_set = Signal(name="f_fm_set")
+        f_value = Signal(64, name="f_value")
         with m.If(~rsp_valid):
             m.d.sync += [rsp.data.eq(Mux(answer_value, f_value, 0) | answer_data),
                          rsp.error.eq(answer_error)]
-        pe_sources = [("desc0_pe", lambda le, se: le.desc.as_value()[:64]),
-                      ("desc1_pe", lambda le, se: le.desc.as_value()[64:]),
-                      ("base_pe", lambda le, se: Mux(le.desc.allocated, le.base, 0)),
-                      ("undef_pe", lambda le, se: le.undef)]
-        sh_sources = [("desc0_sh", lambda le, se: se.desc.as_value()[:64]),
-                      ("desc1_sh", lambda le, se: se.desc.as_value()[64:]),
-                      ("base_sh", lambda le, se: Mux(se.desc.allocation_mask != 0, se.base, 0)),
-                      ("undef_sh", lambda le, se: se.undef),
-                      ("gpr", lambda le, se: g_rd.data),
-                      ("sys", lambda le, se: sys_value)]
-        value_sel = Signal(len(pe_sources) + len(sh_sources), name="value_sel")
+        sel_names = ("desc0_pe", "desc0_sh", "desc1_pe", "desc1_sh", "undef_pe", "undef_sh",
+                     "gpr", "base", "sys")
+        value_sel = Signal(len(sel_names), name="value_sel")
+        vsel = {name: value_sel[k] for k, name in enumerate(sel_names)}
         sys_value = Signal(64, name="sys_value")
         fm_sel = Signal(FM_PARTS, name="fm_sel")  # READ_FM of part k
         # The implicit flags' geometry: physical columns, columns - 1, the valid region; the
@@ -811,7 +841,10 @@ class TileStore(wiring.Component):
                     Mux(f_bad_index, HostError.BAD_INDEX,
                         Mux(f_op.any(), _one_hot_select(f_op, op_errors), HostError.BAD_OP)))
         host_now = Signal()                     # the HOST cycle
-        f_end = f_base + f_cells
+        # FREE's end CELL: base + cells of each table's entry, registered with the facts, then
+        # the choice and the saturation (one carry chain per stage, T31).
+        f_ends = [Signal(max(run_w, len(f_cells)) + 1, name=f"f_end_{t}") for t in ("pe", "sh")]
+        f_end = Mux(is_pe, *f_ends)
         h_end = Signal(run_w, name="h_end")
         cfg_now = Signal()                      # the CFG_INSTALL cycle
         clearing = Signal()                     # CFG_CLEAR
@@ -829,6 +862,10 @@ class TileStore(wiring.Component):
         m.d.sync += [
             host_now.eq(0), cfg_now.eq(0),
             h_ok.eq(passed), h_err.eq(error),
+            f_value.eq(f_parts["desc0"] | f_parts["desc1"] | f_parts["undef"] | f_parts["gpr"]
+                       | Mux(f_fm_set, f_parts["fm"], 0)
+                       | Mux(vsel["base"] & f_allocated, f_base, 0)
+                       | Mux(vsel["sys"], sys_value, 0)),
             # The payload and flag word addresses, and FREE's saturated end CELL.
             f_word_addr.eq((f_base << 4) + cmd.addr), f_flag_addr.eq((f_base << 2) + cmd.addr),
             h_end.eq(Mux(f_end > max(pad), max(pad), f_end)),
@@ -869,11 +906,12 @@ class TileStore(wiring.Component):
         with m.FSM(name="seq"):
             with m.State("IDLE"):
                 with m.If(self.req_valid & (self.req != StoreOp.NONE)):
-                    m.d.sync += [req.eq(self.req), walk_pe.eq(0), walk_j.eq(0), ok.eq(1)]
+                    m.d.sync += [req.eq(self.req), walk_pe.eq(0), walk_j.eq(0), ok.eq(1),
+                                 walk_left.eq(todo)]
                     with m.Switch(self.req):
                         with m.Case(StoreOp.PLACE):
                             m.d.sync += placed.eq(0)
-                            m.next = "PLACE_NEXT"
+                            m.next = "PLACE_PLAN"
                         with m.Case(StoreOp.PUBLISH):
                             m.next = "PUBLISH"
                         with m.Case(StoreOp.ABORT):
@@ -905,16 +943,15 @@ class TileStore(wiring.Component):
                 # The facts (below) are registered from the entries read.
                 m.d.comb += busy.eq(1)
                 m.next = "HOST_CHECK"
-                sources = [value(le, se) for _, value in pe_sources + sh_sources]
-                m.d.sync += [
-                    f_value_pe.eq(_one_hot_select(value_sel[:len(pe_sources)],
-                                                  sources[:len(pe_sources)])),
-                    f_value_sh.eq(_one_hot_select(value_sel[len(pe_sources):],
-                                                  sources[len(pe_sources):])),
-                    f_value_fm.eq(0)]
-                # A feature-map part reads as zero unless written since allocation (T20).
-                with m.If((fm_sel & le.fm_set).any()):
-                    m.d.sync += f_value_fm.eq(fm_rd.data)
+                lv, sv = le.desc.as_value(), se.desc.as_value()
+                for name, pe_value, sh_value in (("desc0", lv[:64], sv[:64]),
+                                                 ("desc1", lv[64:], sv[64:]),
+                                                 ("undef", le.undef, se.undef)):
+                    m.d.sync += f_parts[name].eq(Mux(vsel[f"{name}_pe"], pe_value, 0)
+                                                 | Mux(vsel[f"{name}_sh"], sh_value, 0))
+                m.d.sync += [f_parts["gpr"].eq(Mux(vsel["gpr"], g_rd.data, 0)),
+                             f_parts["fm"].eq(fm_rd.data),
+                             f_fm_set.eq((fm_sel & le.fm_set).any())]
 
             with m.State("HOST_CHECK"):
                 # The checks' outcome (``h_*``) is registered from the facts (T27).
@@ -1006,10 +1043,7 @@ class TileStore(wiring.Component):
                 m.d.comb += busy.eq(1)
                 m.d.comb += [mark_space.eq(space), mark_base.eq(cfg_base),
                              mark_end.eq(cfg_end), mark_set.eq(1)]
-                m.d.sync += in_use.eq(in_use + cfg_bytes)
                 m.d.sync += [clearing.eq(1), clear_last.eq(0)]
-                with m.If(is_pe):
-                    m.d.sync += pe_bytes[space[:2]].eq(pe_bytes[space[:2]] + cfg_bytes)
                 m.next = "CFG_CLEAR"
 
             with m.State("CFG_CLEAR"):
@@ -1023,16 +1057,22 @@ class TileStore(wiring.Component):
                     m.next = "IDLE"
 
             # ---- placement of an approved plan ---------------------------------------
+            with m.State("PLACE_PLAN"):
+                # The plan's copy is registered; ``out_cells`` follow (T31).
+                m.d.comb += busy.eq(1)
+                m.d.sync += walk_left.eq(todo)
+                m.next = "PLACE_NEXT"
+
             with m.State("PLACE_NEXT"):
                 m.d.comb += busy.eq(1)
                 with m.If(mark_pending):
                     pass                        # the last placement's mark reaches the bitmap
-                with m.Elif(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
+                with m.Elif(walk_todo):
                     m.d.comb += start_scan.eq(1)
                     m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j])]
                     m.next = "PLACE_SCAN"
                 with m.Else():
-                    self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
+                    self._advance(m, walk_pe, walk_j, walk_left, "PLACE_NEXT", "PLACE_END")
 
             with m.State("PLACE_SCAN"):
                 m.d.comb += busy.eq(1)
@@ -1042,7 +1082,7 @@ class TileStore(wiring.Component):
                     m.d.sync += [bases[walk_pe][walk_j].eq(scan_base),
                                  ends[walk_pe][walk_j].eq(scan_end),
                                  placed.bit_select(Cat(walk_j, walk_pe), 1).eq(1)]
-                    self._advance(m, walk_pe, walk_j, "PLACE_NEXT", "PLACE_END")
+                    self._advance(m, walk_pe, walk_j, walk_left, "PLACE_NEXT", "PLACE_END")
                 with m.Elif(scan_failed):
                     # Fragmentation: undo what this bundle placed (decision T4).
                     m.d.sync += [ok.eq(0), walk_pe.eq(0), walk_j.eq(0)]
@@ -1057,18 +1097,18 @@ class TileStore(wiring.Component):
                 with m.If(placed.bit_select(Cat(walk_j, walk_pe), 1)):
                     m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(bases[walk_pe][walk_j]),
                                  mark_end.eq(ends[walk_pe][walk_j]), mark_clear.eq(1)]
-                self._advance(m, walk_pe, walk_j, "FREE_PLACED", "PLACE_END")
+                self._advance(m, walk_pe, walk_j, walk_left, "FREE_PLACED", "PLACE_END")
 
             # ---- publication ----------------------------------------------------------
             with m.State("PUBLISH"):
                 # The entry of output (walk_pe, walk_j) is registered in every cycle (below);
                 # PUBLISH only says whether it is written.
                 m.d.comb += busy.eq(1)
-                with m.If(pe_sel.bit_select(walk_pe, 1) & out_valid[walk_j]):
+                with m.If(walk_todo):
                     m.d.sync += pub_en.eq(1)
                 with m.If((walk_pe == PE_COUNT - 1) & (walk_j == 2)):
                     m.d.sync += status.eq(status | self.flags)
-                self._advance(m, walk_pe, walk_j, "PUBLISH", "PUBLISH_END")
+                self._advance(m, walk_pe, walk_j, walk_left, "PUBLISH", "PUBLISH_END")
 
             with m.State("PUBLISH_END"):
                 # The last output's second stage.
@@ -1083,19 +1123,19 @@ class TileStore(wiring.Component):
         t_pe = is_pe
         t_desc, t_sys = cmd.op == HostOp.READ_DESC, cmd.op == HostOp.READ_SYS
         t_addr = [cmd.addr == k for k in range(max(FM_PARTS, len(SysReg)))]
-        sel = {"gpr": cmd.op == HostOp.READ_GPR}
-        for name, part in (("desc0", 0), ("desc1", 1), ("base", DESC_PART_BASE),
-                           ("undef", DESC_PART_UNDEFINED)):
+        sel = {"gpr": cmd.op == HostOp.READ_GPR, "sys": t_sys,
+               "base": t_desc & t_addr[DESC_PART_BASE]}
+        for name, part in (("desc0", 0), ("desc1", 1), ("undef", DESC_PART_UNDEFINED)):
             sel[f"{name}_pe"] = t_desc & t_addr[part] & t_pe
             sel[f"{name}_sh"] = t_desc & t_addr[part] & ~t_pe
-        sel["sys"] = t_sys
         sys_values = {SysReg.TILE_CAPACITY: capacity, SysReg.STATUS: status,
                       SysReg.CAPACITY_IN_USE: in_use,
                       SysReg.ALLOCATED: self.alloc.allocated,
                       SysReg.BUILD: Const(build_info(cfg), 64)}
         m.d.sync += [
-            value_sel.eq(Cat(*(sel[name] for name, _ in pe_sources + sh_sources))),
-            sys_value.eq(_one_hot_select(Cat(*(t_addr[r.value] for r in SysReg)),
+            value_sel.eq(Cat(*(sel[name] for name in sel_names))),
+            # From ``f_addr``, HOST_FACTS's register: the value is read in HOST_CHECK.
+            sys_value.eq(_one_hot_select(Cat(*(f_addr[r.value] for r in SysReg)),
                                          [sys_values[r] for r in SysReg])),
             fm_sel.eq(Cat(*((cmd.op == HostOp.READ_FM) & t_addr[k]
                             for k in range(FM_PARTS))))]
@@ -1117,6 +1157,7 @@ class TileStore(wiring.Component):
             f_flag_ok.eq(Mux(is_pe, cmd.addr < (le.desc.cells << 2),
                              cmd.addr < (se.desc.cells << 2))),
             f_base.eq(reg_base), f_local.eq(le),
+            f_ends[0].eq(le.base + le.desc.cells), f_ends[1].eq(se.base + se.desc.cells),
             f_op.eq(Cat(*(cmd.op == o for o in HostOp))),
             f_addr.eq(Cat(*(cmd.addr == k for k in range(len(f_addr))))),
             f_gpr_bad.eq(idx >= GPR_COUNT), f_gpr_zero.eq(idx == 0),
@@ -1149,6 +1190,13 @@ class TileStore(wiring.Component):
             d.valid_cols.eq(o.cols), d.phys_cols.eq(Mux(is_d, 0, o.phys_cols)),
             pub_entry.base.eq(bases[walk_pe][walk_j]), pub_entry.synth.eq(1),
         ]
+        # The counters change under flip-flop enables (T31): CONFIGURE charges its bytes in
+        # CFG_INSTALL (``cfg_now``), FREE uncharges them (``free_en``).
+        with m.If(cfg_now):
+            m.d.sync += in_use.eq(in_use + cfg_bytes)
+            for p in range(PE_COUNT):
+                with m.If(is_pe & (space[:2] == p)):
+                    m.d.sync += pe_bytes[p].eq(pe_bytes[p] + cfg_bytes)
         with m.If(free_en):
             m.d.sync += in_use.eq(in_use - free_bytes)
             for p in range(PE_COUNT):
@@ -1249,8 +1297,10 @@ class TileStore(wiring.Component):
         return _one_hot_select(last, [port.data for port in ports])
 
     @staticmethod
-    def _advance(m, pe, j, same, last):
-        """Next (PE, output) of a walk over 4 x 3 entries, PE0 first."""
+    def _advance(m, pe, j, left, same, last):
+        """Next (PE, output) of a walk over 4 x 3 entries, PE0 first; ``left`` shifts to
+        the next entry's bit."""
+        m.d.sync += left.eq(left >> 1)
         with m.If(j == 2):
             m.d.sync += [j.eq(0), pe.eq(pe + 1)]
             with m.If(pe == PE_COUNT - 1):
