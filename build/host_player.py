@@ -10,7 +10,7 @@ so it serves any unit with the host port of ``docs/hdl-top.md``.
 import enum
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Mux, Shape, Signal, Value
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -163,21 +163,31 @@ class HostCommandPlayer(wiring.Component):
         # offered to the unit is a flip-flop (F35, F36).  ``want_rsp`` offers ``host_rsp.ready``
         # after a command; ``capture`` loads ``got`` from the status or the response offered.
         offer = {kind: Signal(name=f"offer_{kind.name.lower()}") for kind in StepKind}
-        want_rsp, capture = Signal(), Signal()
+        want_rsp, capture = Signal(name="want_rsp"), Signal(name="capture")
         m.d.comb += [self.host_cmd.valid.eq(offer[StepKind.COMMAND]),
                      self.parcels.valid.eq(offer[StepKind.PARCEL]),
                      self.status.ready.eq(offer[StepKind.STATUS]),
                      self.host_rsp.ready.eq(want_rsp)]
-        handshake = ((self.host_cmd.valid & self.host_cmd.ready) |
-                     (self.parcels.valid & self.parcels.ready) |
-                     (self.status.valid & self.status.ready) |
-                     (self.host_rsp.valid & self.host_rsp.ready))
-        # The state machine sees a transfer a cycle late, in ``moved``, so that the unit's late
-        # ``ready``/``valid`` reach three flags and not the state's decode (F36).
-        moved = Signal()
-        m.d.sync += moved.eq(handshake)
-        with m.If(expiring | handshake):
-            m.d.sync += [flag.eq(0) for flag in (*offer.values(), want_rsp, capture)]
+        # Each flag falls with its own port's transfer (or the timeout), and each port's
+        # transfer is registered on its own (``took``), so that a late ``ready``/``valid`` of
+        # the unit reaches one LUT in front of a few flip-flops.  The state machine sees a
+        # transfer a cycle late, in ``moved``, off the state's decode (F36).
+        transfers = [(offer[StepKind.COMMAND], self.host_cmd.ready),
+                     (offer[StepKind.PARCEL], self.parcels.ready),
+                     (offer[StepKind.STATUS], self.status.valid),
+                     (want_rsp, self.host_rsp.valid)]
+        took = []
+        for flag, done in transfers:
+            took.append(Signal(name=f"took_{flag.name}"))
+            m.d.sync += took[-1].eq(flag & done)
+            with m.If(expiring | done):
+                m.d.sync += flag.eq(0)
+        moved = Cat(*took).any()
+        with m.If(expiring | (offer[StepKind.STATUS] & self.status.valid) |
+                  (want_rsp & self.host_rsp.valid)):
+            m.d.sync += capture.eq(0)
+        with m.If(expiring):
+            m.d.sync += offer[StepKind.END].eq(0)
         # ``got`` follows what is offered until the transfer clears ``capture``: its enable is
         # that flag, not the unit's handshake.
         with m.If(capture):
