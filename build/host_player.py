@@ -10,7 +10,7 @@ so it serves any unit with the host port of ``docs/hdl-top.md``.
 import enum
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Shape, Signal, Value
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -86,9 +86,9 @@ class HostCommandPlayer(wiring.Component):
     passed : Out(1)    with ``done``: every check matched.
     step : Out         the step being played; after a failure, the one that failed.
 
-    Timing: a step takes three cycles (ROM fetch, its register, then the transfer) plus the
-    unit's wait, and a checked step two more (the comparison and its reduction, from
-    registers).
+    Timing: a step takes four cycles (ROM fetch, its register, the transfer, then the state
+    machine's move on the registered transfer) plus the unit's wait, a command two more for its
+    response, and a checked step two more (the comparison and its reduction, from registers).
     """
 
     def __init__(self, shapes: dict, steps: list, *, status_mask: int | None = None,
@@ -156,18 +156,44 @@ class HostCommandPlayer(wiring.Component):
         # state machine's decode of the unit's handshakes.
         waited = Signal(range(self.timeout + 1))
         expired = Signal()
-        m.d.sync += expired.eq(waited == self.timeout)
+        expiring = waited == self.timeout
+        m.d.sync += expired.eq(expiring)
         # The step's kind one-hot, registered with the step and cleared as its transfer ends
-        # (a flag is set only in EXEC), so that the handshakes offered to the unit are an AND
-        # of two flip-flops, without a decode of the state (F35).
+        # or the step times out (a flag is set only in LOAD and EXEC), so that every handshake
+        # offered to the unit is a flip-flop (F35, F36).  ``want_rsp`` offers ``host_rsp.ready``
+        # after a command; ``capture`` loads ``got`` from the status or the response offered.
         offer = {kind: Signal(name=f"offer_{kind.name.lower()}") for kind in StepKind}
-        m.d.comb += [self.host_cmd.valid.eq(offer[StepKind.COMMAND] & ~expired),
-                     self.parcels.valid.eq(offer[StepKind.PARCEL] & ~expired),
-                     self.status.ready.eq(offer[StepKind.STATUS] & ~expired)]
-        with m.If(expired | (self.host_cmd.valid & self.host_cmd.ready) |
-                  (self.parcels.valid & self.parcels.ready) |
-                  (self.status.valid & self.status.ready)):
-            m.d.sync += [flag.eq(0) for flag in offer.values()]
+        want_rsp, capture = Signal(name="want_rsp"), Signal(name="capture")
+        m.d.comb += [self.host_cmd.valid.eq(offer[StepKind.COMMAND]),
+                     self.parcels.valid.eq(offer[StepKind.PARCEL]),
+                     self.status.ready.eq(offer[StepKind.STATUS]),
+                     self.host_rsp.ready.eq(want_rsp)]
+        # Each flag falls with its own port's transfer (or the timeout), and each port's
+        # transfer is registered on its own (``took``), so that a late ``ready``/``valid`` of
+        # the unit reaches one LUT in front of a few flip-flops.  The state machine sees a
+        # transfer a cycle late, in ``moved``, off the state's decode (F36).
+        transfers = [(offer[StepKind.COMMAND], self.host_cmd.ready),
+                     (offer[StepKind.PARCEL], self.parcels.ready),
+                     (offer[StepKind.STATUS], self.status.valid),
+                     (want_rsp, self.host_rsp.valid)]
+        took = []
+        for flag, done in transfers:
+            took.append(Signal(name=f"took_{flag.name}"))
+            m.d.sync += took[-1].eq(flag & done)
+            with m.If(expiring | done):
+                m.d.sync += flag.eq(0)
+        moved = Cat(*took).any()
+        with m.If(expiring | (offer[StepKind.STATUS] & self.status.valid) |
+                  (want_rsp & self.host_rsp.valid)):
+            m.d.sync += capture.eq(0)
+        with m.If(expiring):
+            m.d.sync += offer[StepKind.END].eq(0)
+        # ``got`` follows what is offered until the transfer clears ``capture``: its enable is
+        # that flag, not the unit's handshake.
+        with m.If(capture):
+            m.d.sync += [got.eq(Mux(offer[StepKind.STATUS], status, rsp)),
+                         got_mask.eq(Mux(offer[StepKind.STATUS], self.status_mask,
+                                         (1 << len(rsp)) - 1))]
         with m.FSM():
             with m.State("FETCH"):
                 m.d.sync += waited.eq(0)
@@ -175,36 +201,34 @@ class HostCommandPlayer(wiring.Component):
             with m.State("LOAD"):
                 m.d.sync += step.eq(fetch.data)
                 m.d.sync += [flag.eq(fetch.data.kind == kind) for kind, flag in offer.items()]
+                m.d.sync += capture.eq(fetch.data.kind == StepKind.STATUS)
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.sync += waited.eq(waited + 1)
-                with m.If(expired):
+                with m.If(moved):
+                    with m.Switch(step.kind):
+                        with m.Case(StepKind.COMMAND):
+                            m.d.sync += [want_rsp.eq(1), capture.eq(1)]
+                            m.next = "RESPONSE"
+                        with m.Case(StepKind.PARCEL):
+                            m.d.sync += pc.eq(pc + 1)
+                            m.next = "FETCH"
+                        with m.Default():
+                            m.next = "COMPARE"
+                with m.Elif(expired):
                     m.next = "FAILED"
-                with m.Elif(offer[StepKind.COMMAND]):
-                    with m.If(self.host_cmd.ready):
-                        m.next = "RESPONSE"
-                with m.Elif(offer[StepKind.PARCEL]):
-                    with m.If(self.parcels.ready):
-                        m.d.sync += pc.eq(pc + 1)
-                        m.next = "FETCH"
-                with m.Elif(offer[StepKind.STATUS]):
-                    with m.If(self.status.valid):
-                        m.d.sync += [got.eq(status), got_mask.eq(self.status_mask)]
-                        m.next = "COMPARE"
-                with m.Else():
+                with m.Elif(offer[StepKind.END]):
                     m.next = "PASSED"
             with m.State("RESPONSE"):
                 m.d.sync += waited.eq(waited + 1)
-                m.d.comb += self.host_rsp.ready.eq(1)
-                with m.If(expired):
-                    m.next = "FAILED"
-                with m.Elif(self.host_rsp.valid):
-                    m.d.sync += [got.eq(rsp), got_mask.eq((1 << len(rsp)) - 1)]
+                with m.If(moved):
                     with m.If(step.check):
                         m.next = "COMPARE"
                     with m.Else():
                         m.d.sync += pc.eq(pc + 1)
                         m.next = "FETCH"
+                with m.Elif(expired):
+                    m.next = "FAILED"
             with m.State("COMPARE"):
                 m.d.sync += [expect_at.eq(expect_at + 1), nibbles_q.eq(nibbles)]
                 m.next = "REDUCE"

@@ -856,11 +856,13 @@ class BundleDecoder(wiring.Component):
         # held (``o.valid`` low) and the state machine waits.  A squash is applied one cycle
         # later (``squashing``): it drops that bundle as the model's ``squash()`` does, fixing
         # up the held record by its ``kind``.
-        # The records leave through a skid buffer (``out`` drives the port, ``spare`` catches
-        # a record completed while ``out`` stalls), so that the state machine's enable is a
-        # function of registers: the consumer's late ``o.ready`` reaches only the output
-        # registers and the verdict (decision H16).  A pending verdict keeps ``spare`` empty:
-        # the held record is always in ``out``.
+        # The records leave through two entries in a ring (``head`` is the older one, ``out``;
+        # the other, ``spare``, catches a record completed while ``out`` stalls), so that the
+        # state machine's enable is a function of registers and the consumer's late
+        # ``o.ready`` reaches only the entries' valid bits, ``head`` and the verdict (decision
+        # H16).  A record is loaded into every empty entry, so an entry's wide enable is its
+        # own valid flip-flop and a take moves no record (decision H19).  A pending verdict
+        # keeps ``spare`` empty: the held record is always in ``out``.
         entry = data.StructLayout({
             "fault": 2,                 # the decoder reports fault classes 1..3 only
             "index": self.index_width,
@@ -868,8 +870,13 @@ class BundleDecoder(wiring.Component):
             "needs_verdict": 1,
             "kind": _HeldKind,
         })
-        out, out_valid = Signal(entry), Signal()
-        spare, spare_valid = Signal(entry), Signal()
+        entries = [Signal(entry, name=f"out{k}") for k in range(2)]
+        held = [Signal(name=f"out{k}_valid") for k in range(2)]
+        head = Signal()
+        out, out_valid, spare_valid = Signal(entry), Signal(), Signal()
+        m.d.comb += [out.eq(Mux(head, entries[1], entries[0])),
+                     out_valid.eq(Mux(head, held[1], held[0])),
+                     spare_valid.eq(Mux(head, held[0], held[1]))]
         pending = Signal()
         squashing = Signal()
         m.d.comb += self.o.valid.eq(out_valid & ~pending)
@@ -929,16 +936,19 @@ class BundleDecoder(wiring.Component):
         with m.If(second & room):
             m.d.sync += second.eq(0)
         new = record_valid & room       # ``room`` also holds back ``second``'s record
-        with m.If(~out_valid | taken):
-            with m.If(spare_valid):
-                m.d.sync += [out.eq(spare), out_valid.eq(1), spare_valid.eq(0)]
-            with m.Else():
-                m.d.sync += [out.eq(record), out_valid.eq(new)]
-        with m.Elif(new):
-            m.d.sync += spare_valid.eq(1)
-        # An empty spare entry follows the record whatever happens (as in ``SkidBuffer``).
-        with m.If(~spare_valid):
-            m.d.sync += spare.eq(record)
+        # A new record is held by the entry behind the head's (the head's own when the ring is
+        # empty; while a take frees the head, the other entry is empty).
+        tail = head ^ out_valid
+        with m.If(taken):
+            m.d.sync += head.eq(~head)
+        for k, (slot, valid) in enumerate(zip(entries, held)):
+            with m.If(new & (tail == k)):
+                m.d.sync += valid.eq(1)
+            with m.If(taken & (head == k)):
+                m.d.sync += valid.eq(0)
+            # An empty entry follows the record whatever happens (as in ``SkidBuffer``).
+            with m.If(~valid):
+                m.d.sync += slot.eq(record)
 
         # The fix-up is tested first: it depends on registers only, so the late ``o.ready`` and
         # ``squash`` stay off the enables of the state and the output registers (while
@@ -949,13 +959,18 @@ class BundleDecoder(wiring.Component):
             # did since is redone as the model does it from SKIP.
             with m.If(~out_valid):
                 m.d.sync += [state.eq(_State.SKIP), second.eq(0)]
-            with m.Elif(out.kind == _HeldKind.DROP):
-                m.d.sync += out_valid.eq(0)
-            with m.Elif(out.kind == _HeldKind.REOPEN):
-                m.d.sync += [out_valid.eq(0), state.eq(_State.OPEN)]
+            with m.Elif((out.kind == _HeldKind.DROP) | (out.kind == _HeldKind.REOPEN)):
+                for k, valid in enumerate(held):
+                    with m.If(head == k):
+                        m.d.sync += valid.eq(0)
+                with m.If(out.kind == _HeldKind.REOPEN):
+                    m.d.sync += state.eq(_State.OPEN)
             with m.Elif(out.kind == _HeldKind.TO_ILLEGAL):
-                m.d.sync += [out.fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
-                             out.needs_verdict.eq(0), second.eq(0)]
+                m.d.sync += second.eq(0)
+                for k, slot in enumerate(entries):
+                    with m.If(head == k):
+                        m.d.sync += [slot.fault.eq(FaultClass.ILLEGAL_INSTRUCTION),
+                                     slot.needs_verdict.eq(0)]
         with m.Elif(taken & out.needs_verdict):
             m.d.sync += pending.eq(1)
         with m.Elif(squash_now | (pending & self.o.ready)):
@@ -968,7 +983,8 @@ class BundleDecoder(wiring.Component):
             self.o.p.bundle.eq(Mux(is_fault, 0, out.bundle)),
         ]
         return SimpleNamespace(state=state, go=go, emit=emit, second=second, pending=pending,
-                               squashing=squashing, busy=busy, spare_valid=spare_valid)
+                               squashing=squashing, busy=busy, out_valid=out_valid,
+                               spare_valid=spare_valid)
 
     # -- checks (formal verification and simulation) -----------------------------------
 
@@ -1013,6 +1029,7 @@ class BundleDecoder(wiring.Component):
             Assert(~step.squashing | step.pending, "a squash without a pending verdict"),
             Assert(step.busy | ~(step.second | step.squashing), "the state machine is not held"),
             Assert(~(step.pending & step.spare_valid), "a record behind a pending verdict"),
+            Assert(step.out_valid | ~step.spare_valid, "a second output entry without a first"),
         ]
         if self.checks != "all":
             return

@@ -176,10 +176,16 @@ class CubeUnit(wiring.Component):
 
         # A bundle that faults after decode tells the decoder (model D29): if a start ended
         # it, that start opens nothing.  The preflight keeps the record stream stalled until
-        # then, as the decoder's squash protocol requires.
+        # then, as the decoder's squash protocol requires.  The decoder sees the squash a cycle
+        # late, from a register (the FSM's decode of the store's answer was the decoder's
+        # longest input path, issue #9): the preflight's ``ready`` rises only the cycle after
+        # the squash (it is a register set as the verdict is taken or the bundle ends), so the
+        # squash still comes at the latest with ``o.ready``, as the protocol requires (T32).
         squash = Signal()
         if "squash" in dec.signature.members:
-            m.d.comb += dec.squash.eq(squash)
+            squash_q = Signal(name="squash_q")
+            m.d.sync += squash_q.eq(squash)
+            m.d.comb += dec.squash.eq(squash_q)
 
         # Outcome of the engines: the first fault ends the bundle.
         first_fault = Signal(FaultClass)
