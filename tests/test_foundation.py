@@ -74,3 +74,21 @@ def test_no_generic_top_level_packages_are_installed():
             assert pathlib.Path(sysconfig.get_paths()["purelib"]) not in pathlib.Path(spec.origin).parents
     for sub in ("model", "hdl", "sim", "build"):
         assert importlib.util.find_spec(f"ptocube.{sub}") is not None
+
+
+def test_no_merge_conflict_markers_in_the_tree():
+    # A merge that left its markers in a page passes every other test (session 18's did).
+    root = pathlib.Path(__file__).resolve().parents[1]
+    markers = ("<<<<<<< ", ">>>>>>> ")
+    found = []
+    for folder in ("docs", "hdl", "model", "sim", "build", "tests", "examples", ".ci"):
+        for path in (root / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".md", ".py", ".json", ".txt", "") \
+                    and "out" not in path.relative_to(root).parts:
+                text = path.read_text(errors="replace")
+                found += [f"{path.relative_to(root)}:{n}" for n, line in
+                          enumerate(text.splitlines(), 1) if line.startswith(markers)]
+    found += [f"{name}:{n}" for name in ("README.md", "Makefile", "pyproject.toml")
+              for n, line in enumerate((root / name).read_text().splitlines(), 1)
+              if line.startswith(markers)]
+    assert not found, found
