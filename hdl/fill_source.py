@@ -108,9 +108,9 @@ class FillSource(wiring.Component):
         # In RESET, REAL or ZEROS (``in_rows``), in REAL (``in_real``): flip-flops set with
         # the state, so that the loads and the counters decide without a state decode.
         in_rows, in_real = Signal(), Signal()
-        set_start = Signal()                        # i = 0 and s = 0
-        # A group whose slot 0 has no block is the one after the last.
-        past_last = set_start & ~blk_used
+        # A group whose slot 0 has no block is the one after the last: "i = s = 0 and the
+        # block is unused", a flip-flop set with the position and the block.
+        past_last = Signal()
         real = in_real & ~past_last
         has = in_rows & ~(in_real & past_last)     # the position stage holds a row
         load = Signal()
@@ -127,11 +127,13 @@ class FillSource(wiring.Component):
         # the lanes' address compares reach a flip-flop each, not the take and the
         # enables behind it.  They are a cycle late, which is safe: while a row is on
         # offer a lane's word stays once held (a held word a lane needs is not replaced),
-        # so a hit stays a hit until the row is taken; they are cleared with the take and
-        # computed only for a row on offer.  A row that reads nothing
-        # (``offer<b>_none``: zeros, or a form without C or integer Bias) does not wait.
+        # so a hit stays a hit until the row is taken.  They are computed only for a row
+        # on offer, and the cycle after a take (``took``) they belong to the row taken.
+        # A row that reads nothing (``offer<b>_none``: zeros, or a form without C or
+        # integer Bias) does not wait for them.
         lane_hit = [Signal(name=f"hit{j}") for j in range(cols)]
-        hit = Cat(*lane_hit).all()
+        took = Signal()
+        hit = Cat(*lane_hit).all() & ~took
         none = [Signal(name=f"offer{b}_none") for b in range(2)]
         # Rows leave through a register, so that the lanes' compares do not reach into
         # the array: the row on offer moves into it when it is free or taken.
@@ -165,7 +167,8 @@ class FillSource(wiring.Component):
             offsets.append((need, Mux(rp, offer_off[1][j], offer_off[0][j])))
         _, words, hits = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start,
                                     lane_hits=True)
-        m.d.sync += [h.eq(lane & on_offer & ~taken) for h, lane in zip(lane_hit, hits)]
+        m.d.sync += [h.eq(lane & on_offer) for h, lane in zip(lane_hit, hits)]
+        m.d.sync += took.eq(taken)
         for j, (word, (need, off)) in enumerate(zip(words, offsets)):
             m.d.comb += row.data[j].eq(Mux(need, extract(word, off, 5, 32), 0))
 
@@ -186,7 +189,7 @@ class FillSource(wiring.Component):
         with m.If(load):
             m.d.sync += [s.eq(Mux(row_end, 0, s + 1)),
                          row_end.eq(Mux(row_end, slots == 1, s + 1 == slots - 1)),
-                         set_start.eq(set_end)]
+                         past_last.eq(set_end & ~Mux(real, next_used, blk_used))]
             with m.If(row_end):
                 m.d.sync += [i.eq(Mux(i_last, 0, i + 1)),
                              i_last.eq(Mux(i_last, rows == 1, i + 1 == rows - 1))]
@@ -209,7 +212,7 @@ class FillSource(wiring.Component):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
                     m.d.sync += [i.eq(0), s.eq(0), row_end.eq(slots == 1), i_last.eq(rows == 1),
-                                 set_start.eq(1), zero_sets.eq(2), blk_r.eq(0), blk_c.eq(0),
+                                 zero_sets.eq(2), blk_r.eq(0), blk_c.eq(0),
                                  grp_r.eq(0), grp_c.eq(0), blk_r2.eq(rows), blk_c2.eq(cols),
                                  grp_r2.eq(rows), grp_c2.eq(cols)]
                     m.next = "START"
@@ -219,6 +222,7 @@ class FillSource(wiring.Component):
                 first_wrap = Mux(outer, rows >= run.m, cols >= run.n)
                 m.d.sync += [m_less.eq(run.m - rows), n_less.eq(run.n - cols)]
                 m.d.sync += [col_outer.eq(outer), blk_used.eq(first_used),
+                             past_last.eq(~first_used),
                              grp_used.eq(first_used), wrap.eq(first_wrap), grp_wrap.eq(first_wrap),
                              space.eq(Mux(run.acc, run.c.space, run.bias.space))]
                 m.d.sync += [in_rows.eq(1), in_real.eq(~self.fresh)]
