@@ -224,10 +224,13 @@ class CubeEngine(wiring.Component):
         m.d.sync += [found.eq(after_found), following.eq(after_pe)]
         with m.FSM():
             with m.State("IDLE"):
+                # The walk's start is loaded in every idle cycle (the plan is valid with
+                # ``start``), so that ``start``, from the top level's state, reaches only
+                # the state, not the enables of ``pe`` and the walk.
+                _, first = next_pe_after(-1)
+                m.d.sync += [pe.eq(first), *first_role()]
                 with m.If(self.start):
                     m.d.comb += result.clear.eq(1)
-                    _, first = next_pe_after(-1)
-                    m.d.sync += [pe.eq(first), *first_role()]
                     m.next = "DESC"
             with m.State("DESC"):
                 m.d.comb += self.busy.eq(1)
@@ -270,15 +273,16 @@ class CubeEngine(wiring.Component):
         # Registered (decision C19): every unit of the run sees it straight from flip-flops,
         # not through the type decoders, the descriptor muxes and the K-repeat adder.  The
         # part that comes from the plan and ``pe`` passes one more register (``pre``, and
-        # the K-repeat's shift before it, decision C26): both hold still for the whole
-        # descriptor walk, at least ten cycles before ``SETTLE``.
+        # the K-repeat's shift and rounded K before it, decisions C26, C33): both hold
+        # still for the whole descriptor walk, at least ten cycles before ``SETTLE``.
         pre, run = Signal(RunLayout(cfg), name="run_pre"), Signal(RunLayout(cfg))
         m.d.sync += run.eq(pre)
         form = plan.op[0:2]
         is_float = plan.acc_type == int(DataType.FP32)
         b_log2w = log2_bits(m, plan.b_type, "b_log2w")
         cr_log2 = Signal(3)
-        m.d.sync += cr_log2.eq(7 - b_log2w)
+        k_round = Signal(len(plan.k) + 1)
+        m.d.sync += [cr_log2.eq(7 - b_log2w), k_round.eq(plan.k + (1 << cr_log2) - 1)]
         geometry = plan.d_geometry[pe]
         m.d.sync += [
             pre.space.as_value().eq(pe), pre.m.eq(plan.m), pre.n.eq(plan.n), pre.k.eq(plan.k),
@@ -286,7 +290,7 @@ class CubeEngine(wiring.Component):
             pre.acc_type.eq(plan.acc_type),
             pre.a_log2w.eq(log2_bits(m, plan.a_type, "a_log2w")), pre.b_log2w.eq(b_log2w),
             pre.d_log2w.eq(log2_bits(m, plan.d_type, "d_log2w")),
-            pre.b_k_repeat.eq((plan.k + (1 << cr_log2) - 1) >> cr_log2),
+            pre.b_k_repeat.eq(k_round >> cr_log2),
             pre.m32.eq(geometry.layout == Layout.CUBE_M32.value),
             pre.a_shared.eq(plan.operands[OperandRole.A.value].shared),
             pre.b_shared.eq(plan.operands[OperandRole.B.value].shared),

@@ -14,7 +14,7 @@ those rows in the array's order - per group R x L rows, (row 0, slot 0), (row 0,
   after it (the next run's opening null group).
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -88,13 +88,31 @@ class FillSource(wiring.Component):
         next_c = Mux(reset_c, 0, Mux(~step_r, blk_c2, blk_c))
         next_r2 = Mux(reset_r, rows, Mux(step_r, blk_r2 + rows, blk_r2))[:16]
         next_c2 = Mux(reset_c, cols, Mux(~step_r, blk_c2 + cols, blk_c2))[:16]
-        next_wrap = Mux(col_outer, next_r2 >= run.m, next_c2 >= run.n)
+        # next_r2 >= M case by case, without the adder in front of the compare: r2 + R >= M
+        # is r2 >= M - R (``m_less``, set with the run), likewise for the columns.
+        m_less, n_less = Signal(signed(17)), Signal(signed(17))
+        next_wrap = Mux(col_outer,
+                        Mux(reset_r, rows >= run.m,
+                            Mux(step_r, blk_r2 >= m_less, blk_r2 >= run.m)),
+                        Mux(reset_c, cols >= run.n,
+                            Mux(~step_r, blk_c2 >= n_less, blk_c2 >= run.n)))
         # The next block exists: the outer index stepped (wrap) or not, and only it decides.
         next_used = Mux(col_outer, Mux(wrap, blk_c2 < run.n, blk_c < run.n),
                         Mux(wrap, blk_r2 < run.m, blk_r < run.m))
 
-        real = Signal()
-        has = Signal()                             # the position stage holds a row
+        # Where the position stage is in its row set, kept in registers beside ``i`` and
+        # ``s`` (set at each load for the next position), so that the state machine and
+        # the loads decide from flags, not from compares of the counters.
+        row_end = Signal()                          # s = L - 1
+        i_last = Signal()                           # i = R - 1
+        # In RESET, REAL or ZEROS (``in_rows``), in REAL (``in_real``): flip-flops set with
+        # the state, so that the loads and the counters decide without a state decode.
+        in_rows, in_real = Signal(), Signal()
+        # A group whose slot 0 has no block is the one after the last: "i = s = 0 and the
+        # block is unused", a flip-flop set with the position and the block.
+        past_last = Signal()
+        real = in_real & ~past_last
+        has = in_rows & ~(in_real & past_last)     # the position stage holds a row
         load = Signal()
         wp = Signal()                              # the offer register the next row goes to
         rp = Signal()                              # the offer register on offer
@@ -105,7 +123,18 @@ class FillSource(wiring.Component):
                       for b in range(2)]
         offer_off = [[Signal(6, name=f"offer{b}_off{j}") for j in range(cols)]
                      for b in range(2)]
-        hit = Signal()                             # every lane holds its word
+        # Whether each lane of the row on offer holds its word, registered (``hit<j>``):
+        # the lanes' address compares reach a flip-flop each, not the take and the
+        # enables behind it.  They are a cycle late, which is safe: while a row is on
+        # offer a lane's word stays once held (a held word a lane needs is not replaced),
+        # so a hit stays a hit until the row is taken.  They are computed only for a row
+        # on offer, and the cycle after a take (``took``) they belong to the row taken.
+        # A row that reads nothing (``offer<b>_none``: zeros, or a form without C or
+        # integer Bias) does not wait for them.
+        lane_hit = [Signal(name=f"hit{j}") for j in range(cols)]
+        took = Signal()
+        hit = Cat(*lane_hit).all() & ~took
+        none = [Signal(name=f"offer{b}_none") for b in range(2)]
         # Rows leave through a register, so that the lanes' compares do not reach into
         # the array: the row on offer moves into it when it is free or taken.
         out_valid = Signal(name="out_valid")
@@ -113,7 +142,9 @@ class FillSource(wiring.Component):
         row = Signal.like(self.fill.payload, name="row")
         m.d.comb += [self.fill.valid.eq(out_valid), self.fill.payload.eq(out)]
         move = ~out_valid | self.fill.ready
-        taken = Mux(rp, offer_valid[1], offer_valid[0]) & hit & move
+        on_offer = Mux(rp, offer_valid[1], offer_valid[0])
+        taken = Mux(rp, offer_valid[1] & (hit | none[1]),
+                    offer_valid[0] & (hit | none[0])) & move
         with m.If(move):
             m.d.sync += [out_valid.eq(taken), out.eq(row)]
         gi = blk_r + i
@@ -134,8 +165,10 @@ class FillSource(wiring.Component):
             need = Mux(rp, offer_need[1][j], offer_need[0][j])
             lanes.append((need, space, Mux(rp, offer_addr[1][j], offer_addr[0][j])))
             offsets.append((need, Mux(rp, offer_off[1][j], offer_off[0][j])))
-        all_hit, words = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start)
-        m.d.comb += hit.eq(all_hit)
+        _, words, hits = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start,
+                                    lane_hits=True)
+        m.d.sync += [h.eq(lane & on_offer) for h, lane in zip(lane_hit, hits)]
+        m.d.sync += took.eq(taken)
         for j, (word, (need, off)) in enumerate(zip(words, offsets)):
             m.d.comb += row.data[j].eq(Mux(need, extract(word, off, 5, 32), 0))
 
@@ -143,7 +176,8 @@ class FillSource(wiring.Component):
         m.d.comb += load.eq(has & ~Mux(wp, offer_valid[1], offer_valid[0]))
         for b in range(2):
             with m.If(load & (wp == b)):
-                m.d.sync += offer_valid[b].eq(1)
+                m.d.sync += [offer_valid[b].eq(1),
+                             none[b].eq(~real | ~blk_used | ~(run.acc | run.int_bias))]
             with m.If(taken & (rp == b)):
                 m.d.sync += offer_valid[b].eq(0)
         with m.If(load):
@@ -151,17 +185,11 @@ class FillSource(wiring.Component):
         with m.If(taken):
             m.d.sync += rp.eq(~rp)
 
-        # Where the position stage is in its row set, kept in registers beside ``i`` and
-        # ``s`` (set at each load for the next position), so that the state machine and
-        # the loads decide from flags, not from compares of the counters.
-        row_end = Signal()                          # s = L - 1
-        i_last = Signal()                           # i = R - 1
-        set_start = Signal()                        # i = 0 and s = 0
         set_end = row_end & i_last
         with m.If(load):
             m.d.sync += [s.eq(Mux(row_end, 0, s + 1)),
                          row_end.eq(Mux(row_end, slots == 1, s + 1 == slots - 1)),
-                         set_start.eq(set_end)]
+                         past_last.eq(set_end & ~Mux(real, next_used, blk_used))]
             with m.If(row_end):
                 m.d.sync += [i.eq(Mux(i_last, 0, i + 1)),
                              i_last.eq(Mux(i_last, rows == 1, i + 1 == rows - 1))]
@@ -184,7 +212,7 @@ class FillSource(wiring.Component):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
                     m.d.sync += [i.eq(0), s.eq(0), row_end.eq(slots == 1), i_last.eq(rows == 1),
-                                 set_start.eq(1), zero_sets.eq(2), blk_r.eq(0), blk_c.eq(0),
+                                 zero_sets.eq(2), blk_r.eq(0), blk_c.eq(0),
                                  grp_r.eq(0), grp_c.eq(0), blk_r2.eq(rows), blk_c2.eq(cols),
                                  grp_r2.eq(rows), grp_c2.eq(cols)]
                     m.next = "START"
@@ -192,28 +220,29 @@ class FillSource(wiring.Component):
                 outer = column_outer(cols, run.m, run.n)
                 first_used = Mux(outer, run.n != 0, run.m != 0)
                 first_wrap = Mux(outer, rows >= run.m, cols >= run.n)
+                m.d.sync += [m_less.eq(run.m - rows), n_less.eq(run.n - cols)]
                 m.d.sync += [col_outer.eq(outer), blk_used.eq(first_used),
+                             past_last.eq(~first_used),
                              grp_used.eq(first_used), wrap.eq(first_wrap), grp_wrap.eq(first_wrap),
                              space.eq(Mux(run.acc, run.c.space, run.bias.space))]
+                m.d.sync += [in_rows.eq(1), in_real.eq(~self.fresh)]
                 with m.If(self.fresh):
                     m.next = "RESET"
                 with m.Else():
                     m.next = "REAL"
             with m.State("RESET"):
-                m.d.comb += has.eq(1)
                 with m.If(load & set_end):
+                    m.d.sync += in_real.eq(1)
                     m.next = "REAL"
             with m.State("REAL"):
-                # A group whose slot 0 has no block is the one after the last.
-                with m.If(set_start & ~blk_used):
+                with m.If(past_last):
+                    m.d.sync += in_real.eq(0)
                     m.next = "ZEROS"
-                with m.Else():
-                    m.d.comb += [real.eq(1), has.eq(1)]
             with m.State("ZEROS"):
-                m.d.comb += has.eq(1)
                 with m.If(load & set_end):
                     m.d.sync += zero_sets.eq(zero_sets - 1)
                     with m.If(zero_sets == 1):
+                        m.d.sync += in_rows.eq(0)
                         m.next = "FLUSH"
             with m.State("FLUSH"):
                 with m.If(~offer_valid[0] & ~offer_valid[1] & ~out_valid):

@@ -100,8 +100,10 @@ def _or(values):
     return values[0]
 
 
-def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear) -> tuple:
-    """Word registers for ``lanes`` of one read client; returns ``(all_hit, words)``.
+def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
+               lane_hits: bool = False) -> tuple:
+    """Word registers for ``lanes`` of one read client; returns ``(all_hit, words)``, and
+    with ``lane_hits`` each lane's hit as a third item (``FillSource`` registers them).
 
     ``lanes``: per lane ``(need, space, addr)`` - whether the lane needs a word now, and
     which - optionally followed by ``(ahead_need, ahead_addr)``: the word the lane will need
@@ -194,4 +196,4 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear) -> tuple:
     m.d.comb += [req.valid.eq(rq_valid), req.payload.eq(rq)]
     all_hit = Signal(name=f"{name}_all_hit")
     m.d.comb += all_hit.eq(Cat(*hits).all() if hits else 1)
-    return all_hit, words
+    return (all_hit, words, hits) if lane_hits else (all_hit, words)

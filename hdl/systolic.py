@@ -203,11 +203,18 @@ class SystolicArray(wiring.Component):
 
         swap_allowed = Signal()
         accept = Signal()
+        # The group's last swap is registered (``closing``) and the window starts a cycle
+        # later, one shorter: the acceptance (from the beat and the phase) reaches one
+        # flip-flop instead of the state and the window counter.  Meanwhile every slot has
+        # swapped, so no first beat is accepted in that cycle.
+        closing = Signal()
         with m.FSM(init="EXCHANGE") as fsm:
             with m.State("READY"):
                 m.d.comb += swap_allowed.eq(~swapped.bit_select(phase, 1))
-                with m.If(accept & beat.first & ((swapped | (1 << phase)) == (1 << slots) - 1)):
-                    m.d.sync += window.eq(self.swap_distance - 1)
+                m.d.sync += closing.eq(
+                    accept & beat.first & ((swapped | (1 << phase)) == (1 << slots) - 1))
+                with m.If(closing):
+                    m.d.sync += window.eq(self.swap_distance - 2)
                     m.next = "WINDOW"
             with m.State("WINDOW"):
                 m.d.sync += window.eq(window - 1)
