@@ -578,7 +578,9 @@ class Preflight(wiring.Component):
             "gpr_rd": Out(GprReadSignature),
             "alloc": Out(AllocQuerySignature),
         })
-        # Internal state the formal harness observes (created in elaborate).
+        # Internal state the formal harness observes (created in elaborate): the phase is
+        # kept one-hot (``at``, bit ``Phase.X.value``); ``phase`` is its encoding.
+        self.at = Signal(len(Phase), name="at_phase", init=1 << Phase.IDLE.value)
         self.phase = Signal(Phase, name="phase")
         self.slot = Signal(5, name="slot")
         self.word = Signal(16, name="word")
@@ -726,7 +728,10 @@ class Preflight(wiring.Component):
         m.submodules.slots = nm = Module()
         m.submodules.plan = pm = Module()
         cfg = self.config
-        phase, slot, word, rec = self.phase, self.slot, self.word, self.rec
+        at, slot, word, rec = self.at, self.slot, self.word, self.rec
+        for p in Phase:
+            with m.If(at[p.value]):
+                m.d.comb += self.phase.eq(p)
         # The facts, computed combinationally from the held record (``xc``), are used as
         # registers (``x``): valid from START's second cycle, as the FSM needs them.
         xc = self._facts(fm, rec)
@@ -875,7 +880,7 @@ class Preflight(wiring.Component):
         pend4_pe = Signal(2, name="pend4_pe")
         pend4_ok = Signal(name="pend4_ok", init=1)
         pend4_check = Signal(Check, name="pend4_check")
-        with m.If(phase == Phase.IDLE):
+        with m.If(at[Phase.IDLE.value]):
             m.d.sync += [pend0.eq(_Pend.NONE), pend1.eq(_Pend.NONE), pend2_ok.eq(1),
                          pend2_param_ok.eq(1),
                          pend2_cube.eq(0), pend2_ord.eq(0), pend3_ok.eq(1), pend3_cube.eq(0),
@@ -1030,7 +1035,7 @@ class Preflight(wiring.Component):
                 m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(ordinary_ok)]
         # Stages 2 and 3: the shape rules' comparisons, each registered, then their AND
         # (``cube_legal``, ``ord_legal``), for the kinds whose rule they are.
-        with m.If(phase != Phase.IDLE):
+        with m.If(~at[Phase.IDLE.value]):
             m.d.sync += [pend2_ok.eq(ok), pend2_param_ok.eq(param), pend2_check.eq(check),
                          pend2_cube.eq((pend1 == _Pend.A) | (pend1 == _Pend.B)
                                        | (pend1 == _Pend.C)),
@@ -1246,11 +1251,27 @@ class Preflight(wiring.Component):
         m_bad, m_bad_pe = m_layout_fault
         gpr = Mux(slot[0], ior.reg_src1, ior.reg_src0)      # IOR slot 0 posM/quant, 1 posK/alpha
 
-        def to(next_phase):
-            m.d.sync += phase.eq(next_phase)
-
         def read(port, kind):
             m.d.sync += [req[port]["en"].eq(1), issue.eq(kind)]
+
+        # The phase is one-hot, a flip-flop per phase (``at``), and each phase's next bit
+        # is the OR of its ways in: no decode of an encoded phase is in front of the FSM,
+        # the walk's registers or the read requests (the encoded phase and its decode were
+        # the preflight's longest paths, issue #9).  ``go`` names a way out of a phase;
+        # a phase stays where none is taken.  A failing check (``pend_ok`` low) preempts
+        # whatever a checking phase does: the verdict next, beside the phases' choices
+        # instead of in front of them.
+        ways = {p: [] for p in Phase}
+        leaves = {p: [] for p in Phase}
+
+        def obeys_checks(p):
+            return Phase.START.value <= p.value <= Phase.AUX_SHAPE.value
+
+        def go(src, cond, dst):
+            ways[dst].append(at[src.value] & cond & (pend_ok if obeys_checks(src) else 1))
+            leaves[src].append(cond)
+
+        checking = ~(at[Phase.IDLE.value] | at[Phase.VERDICT.value] | at[Phase.HOLD.value])
 
         # No read is pending in IDLE, VERDICT and HOLD: they do not wait for ``pend_ok``.
         # ``accepted`` is high for the one cycle after the handshake; ``ready`` rises with
@@ -1260,112 +1281,83 @@ class Preflight(wiring.Component):
         m.d.comb += self.record.ready.eq(ready)
         with m.If(ready):
             m.d.sync += rec.eq(self.record.payload)
-        with m.Switch(phase):
-            with m.Case(Phase.IDLE):
-                # ``slot`` and ``word`` are 0 here already (every way into IDLE clears them):
-                # only the record and ``accepted`` wait for ``valid``.
-                with m.If(accepted):
-                    # A fault record or a no-op has its verdict; the others START.
-                    to(Mux((rec.fault != FaultClass.NONE) | b.noop, Phase.VERDICT, Phase.START))
-            with m.Case(Phase.VERDICT):
-                m.d.comb += self.verdict.valid.eq(1)
-                with m.If(self.verdict.ready):
-                    to(Mux(v_outcome == Outcome.APPROVE, Phase.HOLD, Phase.IDLE))
-                    m.d.sync += ready.eq(v_outcome != Outcome.APPROVE)
-            with m.Case(Phase.HOLD):
-                m.d.comb += self.commit_enable.eq(1)
-                with m.If(self.exec_done):
-                    to(Phase.IDLE)
-                    m.d.sync += ready.eq(1)
-            with m.Case(Phase.START):
-                # Slots 1 and 2: the facts' registers settle.
-                with m.If(slot_done):
-                    to(Mux(start_fault[0], Phase.VERDICT, Phase.IOR))
 
-            with m.Case(Phase.IOR):
-                # Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.
-                # Its first cycle ends step 4b: the binding counts, two registers deep.
-                # Its reads come before its end (``slot_done`` first: the walk's ``slot``
-                # obeys it alone).
-                with m.If(x.is_matrix & (slot == 0) & ~counts_ok):
-                    to(Phase.VERDICT)
-                with m.Elif(slot_done):
-                    to(Mux(x.is_img2col, Phase.ALLOCATE, Phase.STATIC))
-                with m.Elif(slot < ior_reads):
-                    m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
+        # IDLE: ``slot`` and ``word`` are 0 here already (every way into IDLE clears them);
+        # a fault record or a no-op has its verdict, the others START.
+        passthrough = (rec.fault != FaultClass.NONE) | b.noop
+        go(Phase.IDLE, accepted & passthrough, Phase.VERDICT)
+        go(Phase.IDLE, accepted & ~passthrough, Phase.START)
+        m.d.comb += [self.verdict.valid.eq(at[Phase.VERDICT.value]),
+                     self.commit_enable.eq(at[Phase.HOLD.value])]
+        approve = v_outcome == Outcome.APPROVE
+        go(Phase.VERDICT, self.verdict.ready & approve, Phase.HOLD)
+        go(Phase.VERDICT, self.verdict.ready & ~approve, Phase.IDLE)
+        go(Phase.HOLD, self.exec_done, Phase.IDLE)
+        with m.If((at[Phase.VERDICT.value] & self.verdict.ready & ~approve)
+                  | (at[Phase.HOLD.value] & self.exec_done)):
+            m.d.sync += ready.eq(1)
+        # START's slots 1 and 2: the facts' registers settle.
+        go(Phase.START, slot_done & start_fault[0], Phase.VERDICT)
+        go(Phase.START, slot_done & ~start_fault[0], Phase.IOR)
+        # IOR: Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.  Its
+        # first cycle ends step 4b: the binding counts, two registers deep.  Its reads come
+        # before its end (``slot_done`` first: the walk's ``slot`` obeys it alone).
+        ior_bad = x.is_matrix & (slot == 0) & ~counts_ok
+        ior_end = ~ior_bad & slot_done
+        go(Phase.IOR, ior_bad, Phase.VERDICT)
+        go(Phase.IOR, ior_end & x.is_img2col, Phase.ALLOCATE)
+        go(Phase.IOR, ior_end & ~x.is_img2col, Phase.STATIC)
+        with m.If(at[Phase.IOR.value] & ~ior_bad & ~slot_done & (slot < ior_reads)):
+            m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
+        go(Phase.STATIC, static_fault[0], Phase.VERDICT)
+        go(Phase.STATIC, ~static_fault[0], Phase.SHARED_ENTRY)
+        go(Phase.SHARED_ENTRY, ~trans_ok, Phase.VERDICT)
+        go(Phase.SHARED_ENTRY, trans_ok & (x.sc == 0), Phase.POST_ENTRY)
+        go(Phase.SHARED_ENTRY, trans_ok & (x.sc != 0), Phase.SHARED_RUN)
+        go(Phase.SHARED_RUN, slot_done, Phase.POST_ENTRY)
+        with m.If(at[Phase.SHARED_RUN.value] & ~slot_done & (slot < x.sc)):
+            read("shared", _Pend.SHARED)
+        go(Phase.POST_ENTRY, ~acc_ok, Phase.VERDICT)
+        go(Phase.POST_ENTRY, acc_ok & post_first[0], Phase.POST_RUN)
+        go(Phase.POST_ENTRY, acc_ok & ~post_first[0], Phase.MATH_ENTRY)
+        # POST_RUN: a scan stays on its slot until word N-1 was issued.
+        with m.If(at[Phase.POST_RUN.value]):
+            kind = Array([Const(k.value, 4) for k in _POST_ROLES])[role]
+            m.d.sync += [req["word"]["en"].eq(scanning), req["tile"]["en"].eq(~scanning),
+                         issue.eq(kind)]
+        go(Phase.POST_RUN, ~stay & ~walk_found, Phase.MATH_ENTRY)
+        # MATH_ENTRY waits for POST_RUN's last checks; in MATH_RUN ``word`` counts the cycles
+        # after the last read.
+        go(Phase.MATH_ENTRY, math_first[0], Phase.MATH_RUN)
+        go(Phase.MATH_ENTRY, ~math_first[0] & (~post_first[0] | word_ge), Phase.CD_INDEX)
+        with m.If(at[Phase.MATH_RUN.value] & word_zero):
+            read("tile", Array([Const(k.value, 4) for k in _MATH_ROLES])[role])
+        go(Phase.MATH_RUN, ~word_zero & word_gt, Phase.CD_INDEX)
+        go(Phase.CD_INDEX, ~cd_ok, Phase.VERDICT)
+        go(Phase.CD_INDEX, cd_ok, Phase.M_LAYOUT)
+        go(Phase.M_LAYOUT, m_bad, Phase.VERDICT)
+        go(Phase.M_LAYOUT, ~m_bad, Phase.ALLOCATE)
+        go(Phase.ALLOCATE, ~allocation_ok | x.is_img2col, Phase.VERDICT)
+        go(Phase.ALLOCATE, allocation_ok & ~x.is_img2col, Phase.D_SHAPE)
+        d_shape_ok = d_ok[slot[:2]]
+        go(Phase.D_SHAPE, ~d_shape_ok, Phase.VERDICT)
+        go(Phase.D_SHAPE, d_shape_ok & ~walk_found, Phase.AUX_SHAPE)
+        go(Phase.AUX_SHAPE, aux_bad | (slot != 0), Phase.VERDICT)
 
-            with m.Case(Phase.STATIC):
-                to(Mux(static_fault[0], Phase.VERDICT, Phase.SHARED_ENTRY))
-
-            with m.Case(Phase.SHARED_ENTRY):
-                to(Mux(~trans_ok, Phase.VERDICT,
-                       Mux(x.sc == 0, Phase.POST_ENTRY, Phase.SHARED_RUN)))
-
-            with m.Case(Phase.SHARED_RUN):
-                with m.If(slot_done):
-                    to(Phase.POST_ENTRY)
-                with m.Elif(slot < x.sc):
-                    read("shared", _Pend.SHARED)
-
-            with m.Case(Phase.POST_ENTRY):
-                to(Mux(~acc_ok, Phase.VERDICT,
-                       Mux(post_first[0], Phase.POST_RUN, Phase.MATH_ENTRY)))
-
-            with m.Case(Phase.POST_RUN):
-                kind = Array([Const(k.value, 4) for k in _POST_ROLES])[role]
-                m.d.sync += [req["word"]["en"].eq(scanning), req["tile"]["en"].eq(~scanning),
-                             issue.eq(kind)]
-                # A scan stays on its slot until word N-1 was issued.
-                with m.If(~stay & ~walk_found):
-                    to(Phase.MATH_ENTRY)
-
-            with m.Case(Phase.MATH_ENTRY):
-                with m.If(math_first[0]):
-                    to(Phase.MATH_RUN)
-                with m.Elif(~post_first[0] | word_ge):
-                    to(Phase.CD_INDEX)      # after POST_RUN's last checks
-
-            with m.Case(Phase.MATH_RUN):
-                kind = Array([Const(k.value, 4) for k in _MATH_ROLES])[role]
-                # ``word`` counts the cycles after the last read.
-                with m.If(word_zero):
-                    read("tile", kind)
-                with m.Elif(word_gt):
-                    to(Phase.CD_INDEX)
-
-            with m.Case(Phase.CD_INDEX):
-                to(Mux(~cd_ok, Phase.VERDICT, Phase.M_LAYOUT))
-
-            with m.Case(Phase.M_LAYOUT):
-                to(Mux(m_bad, Phase.VERDICT, Phase.ALLOCATE))
-
-            with m.Case(Phase.ALLOCATE):
-                to(Mux(~allocation_ok | x.is_img2col, Phase.VERDICT, Phase.D_SHAPE))
-
-            with m.Case(Phase.D_SHAPE):
-                to(Mux(~d_ok[slot[:2]], Phase.VERDICT,
-                       Mux(walk_found, Phase.D_SHAPE, Phase.AUX_SHAPE)))
-
-            with m.Case(Phase.AUX_SHAPE):
-                with m.If(aux_bad | (slot != 0)):
-                    to(Phase.VERDICT)
-
-        # A failing check preempts whatever a checking phase does (no read, the verdict
-        # next): after the phases, so that it wins, and beside their choice instead of in
-        # front of it (a chain of priorities in front of the phase, issue #9).
-        checking = ((phase.as_value() >= Phase.START.value)
-                    & (phase.as_value() <= Phase.AUX_SHAPE.value))
+        for p in Phase:
+            remain = at[p.value] & ~Cat(*leaves[p]).any() & (pend_ok if obeys_checks(p) else 1)
+            fail = [checking & ~pend_ok] if p == Phase.VERDICT else []
+            m.d.sync += at[p.value].eq(Cat(*ways[p], remain, *fail).any())
         with m.If(~pend_ok & checking):
-            to(Phase.VERDICT)
             m.d.sync += [issue.eq(_Pend.NONE)] + [r["en"].eq(0) for r in req.values()]
 
         # The verdict this cycle would give, taken in every cycle but VERDICT's: the class,
         # check and PE of the phase's own fault, unless a read's check fails first (the
         # model's order); APPROVE / NOOP where a phase finishes.
-        with m.If(phase != Phase.VERDICT):
+        with m.If(~at[Phase.VERDICT.value]):
             m.d.sync += [v_outcome.eq(Outcome.FAULT), v_fault.eq(TL), v_check.eq(Check.NONE),
                          v_pe.eq(0), v_record.eq(0)]
-            with m.If(phase == Phase.IDLE):
+            with m.If(at[Phase.IDLE.value]):
                 failed = rec.fault != FaultClass.NONE
                 m.d.sync += [v_outcome.eq(Mux(failed, Outcome.FAULT, Outcome.NOOP)),
                              v_fault.eq(rec.fault), v_record.eq(failed),
@@ -1373,35 +1365,34 @@ class Preflight(wiring.Component):
             with m.Elif(~pend_ok):
                 m.d.sync += [v_check.eq(pend_check), v_pe.eq(pend_pe_due)]
             with m.Else():
-                with m.Switch(phase):
-                    with m.Case(Phase.START):
-                        m.d.sync += [v_fault.eq(start_fault[1]), v_check.eq(start_fault[2])]
-                    with m.Case(Phase.IOR):
-                        m.d.sync += v_check.eq(Check.BINDINGS)
-                    with m.Case(Phase.STATIC):
-                        m.d.sync += v_check.eq(static_fault[2])
-                    with m.Case(Phase.SHARED_ENTRY):
-                        m.d.sync += v_check.eq(Check.SHARED)
-                    with m.Case(Phase.POST_ENTRY):
-                        m.d.sync += v_check.eq(Check.POSTPROCESS)
-                    with m.Case(Phase.CD_INDEX):
-                        m.d.sync += v_check.eq(Check.CD_INDEX)
-                    with m.Case(Phase.M_LAYOUT):
-                        m.d.sync += [v_check.eq(Check.M_LAYOUT), v_pe.eq(m_bad_pe)]
-                    with m.Case(Phase.ALLOCATE):
-                        m.d.sync += [
-                            v_outcome.eq(Mux(allocation_ok, Outcome.APPROVE, Outcome.FAULT)),
-                            v_fault.eq(Mux(allocation_ok, FaultClass.NONE, TA)),
-                            v_check.eq(Mux(allocation_ok, Check.NONE,
-                                           Mux(x.is_img2col, Check.I2C_ALLOCATION,
-                                               Check.ALLOCATION)))]
-                    with m.Case(Phase.D_SHAPE):
-                        m.d.sync += [v_fault.eq(TA), v_check.eq(Check.ALLOCATION),
-                                     v_pe.eq(slot[:2])]
-                    with m.Case(Phase.AUX_SHAPE):
-                        m.d.sync += [v_outcome.eq(Mux(aux_bad, Outcome.FAULT, Outcome.APPROVE)),
-                                     v_fault.eq(Mux(aux_bad, TA, FaultClass.NONE)),
-                                     v_check.eq(Mux(aux_bad, Check.ALLOCATION, Check.NONE))]
+                with m.If(at[Phase.START.value]):
+                    m.d.sync += [v_fault.eq(start_fault[1]), v_check.eq(start_fault[2])]
+                with m.Elif(at[Phase.IOR.value]):
+                    m.d.sync += v_check.eq(Check.BINDINGS)
+                with m.Elif(at[Phase.STATIC.value]):
+                    m.d.sync += v_check.eq(static_fault[2])
+                with m.Elif(at[Phase.SHARED_ENTRY.value]):
+                    m.d.sync += v_check.eq(Check.SHARED)
+                with m.Elif(at[Phase.POST_ENTRY.value]):
+                    m.d.sync += v_check.eq(Check.POSTPROCESS)
+                with m.Elif(at[Phase.CD_INDEX.value]):
+                    m.d.sync += v_check.eq(Check.CD_INDEX)
+                with m.Elif(at[Phase.M_LAYOUT.value]):
+                    m.d.sync += [v_check.eq(Check.M_LAYOUT), v_pe.eq(m_bad_pe)]
+                with m.Elif(at[Phase.ALLOCATE.value]):
+                    m.d.sync += [
+                        v_outcome.eq(Mux(allocation_ok, Outcome.APPROVE, Outcome.FAULT)),
+                        v_fault.eq(Mux(allocation_ok, FaultClass.NONE, TA)),
+                        v_check.eq(Mux(allocation_ok, Check.NONE,
+                                       Mux(x.is_img2col, Check.I2C_ALLOCATION,
+                                           Check.ALLOCATION)))]
+                with m.Elif(at[Phase.D_SHAPE.value]):
+                    m.d.sync += [v_fault.eq(TA), v_check.eq(Check.ALLOCATION),
+                                 v_pe.eq(slot[:2])]
+                with m.Elif(at[Phase.AUX_SHAPE.value]):
+                    m.d.sync += [v_outcome.eq(Mux(aux_bad, Outcome.FAULT, Outcome.APPROVE)),
+                                 v_fault.eq(Mux(aux_bad, TA, FaultClass.NONE)),
+                                 v_check.eq(Mux(aux_bad, Check.ALLOCATION, Check.NONE))]
 
         # The walk: ``slot`` and ``word`` move as the phase's transition above says when it
         # does not fault, and are 0 in every other phase; ``rest`` (the slots to come) is
@@ -1430,41 +1421,40 @@ class Preflight(wiring.Component):
 
         m.d.sync += [slot.eq(0), word.eq(0), word_zero.eq(1), word_ge.eq(0), word_gt.eq(0),
                      stay.eq(0), slot_done.eq(0)]
-        with m.Switch(phase):
-            with m.Case(Phase.IDLE):
-                m.d.sync += slot.eq(accepted)                       # START's slot 1
-            with m.Case(Phase.START):
-                count_slot(1, ior_end_zero)                         # slots 1, 2
-            with m.Case(Phase.IOR):
-                count_slot(ior_end_less1, 0)
-            with m.Case(Phase.SHARED_RUN):
-                count_slot(shared_end_less1, 0)
-            with m.Case(Phase.POST_ENTRY):
-                start_walk(post_walk)
-                m.d.sync += stay.eq(scans(post_first[1]) & dn_several)
-            with m.Case(Phase.POST_RUN):
-                with m.If(stay):
-                    count()
-                    m.d.sync += stay.eq(word < dn_before_last)
-                with m.Else():
-                    advance()
-                    m.d.sync += stay.eq(scans(walk_next_index) & dn_several)
-            with m.Case(Phase.MATH_ENTRY):
-                with m.If(math_first[0]):
-                    start_walk(math_walk)
-                with m.Elif(post_first[0] & ~word_ge):
-                    count()                                 # POST_RUN's last checks
-            with m.Case(Phase.MATH_RUN):
-                with m.If(word_zero & walk_found):
-                    advance()
-                with m.Elif(~word_gt):
-                    count()                 # from the last read's slot, word 1, to the drain
-            with m.Case(Phase.ALLOCATE):
-                start_walk(pe_walk)
-            with m.Case(Phase.D_SHAPE):
+        with m.If(at[Phase.IDLE.value]):
+            m.d.sync += slot.eq(accepted)                       # START's slot 1
+        with m.Elif(at[Phase.START.value]):
+            count_slot(1, ior_end_zero)                         # slots 1, 2
+        with m.Elif(at[Phase.IOR.value]):
+            count_slot(ior_end_less1, 0)
+        with m.Elif(at[Phase.SHARED_RUN.value]):
+            count_slot(shared_end_less1, 0)
+        with m.Elif(at[Phase.POST_ENTRY.value]):
+            start_walk(post_walk)
+            m.d.sync += stay.eq(scans(post_first[1]) & dn_several)
+        with m.Elif(at[Phase.POST_RUN.value]):
+            with m.If(stay):
+                count()
+                m.d.sync += stay.eq(word < dn_before_last)
+            with m.Else():
                 advance()
-            with m.Case(Phase.AUX_SHAPE):
-                m.d.sync += slot.eq(1)              # slot 0 RowMaxOut, 1 GroupMaxOut
+                m.d.sync += stay.eq(scans(walk_next_index) & dn_several)
+        with m.Elif(at[Phase.MATH_ENTRY.value]):
+            with m.If(math_first[0]):
+                start_walk(math_walk)
+            with m.Elif(post_first[0] & ~word_ge):
+                count()                                 # POST_RUN's last checks
+        with m.Elif(at[Phase.MATH_RUN.value]):
+            with m.If(word_zero & walk_found):
+                advance()
+            with m.Elif(~word_gt):
+                count()                 # from the last read's slot, word 1, to the drain
+        with m.Elif(at[Phase.ALLOCATE.value]):
+            start_walk(pe_walk)
+        with m.Elif(at[Phase.D_SHAPE.value]):
+            advance()
+        with m.Elif(at[Phase.AUX_SHAPE.value]):
+            m.d.sync += slot.eq(1)              # slot 0 RowMaxOut, 1 GroupMaxOut
 
         # The reads' addresses, whether a read is issued or not.
         vec_index = Mux(role < 3, x.index[OperandRole.QUANT_VECTOR],
@@ -1479,19 +1469,18 @@ class Preflight(wiring.Component):
             req["word"]["pe"].eq(slot_pe), req["word"]["index"].eq(vec_index),
             req["word"]["addr"].eq(word),
             req["tile"]["pe"].eq(slot_pe),
-            req["tile"]["index"].eq(Mux(phase == Phase.POST_RUN,
+            req["tile"]["index"].eq(Mux(at[Phase.POST_RUN.value],
                                         Mux(role == 0, x.index[OperandRole.ROWMAX_IN],
                                             vec_index), math_index)),
         ]
 
         # The plan's registers, set by their phases whether the phase faults or not (D's CELL
         # geometry: ``d_by_pe``).
-        with m.Switch(phase):
-            with m.Case(Phase.M_LAYOUT):
-                m.d.sync += [r.pe_layout[pe].eq(m_layouts[pe]) for pe in range(PE_COUNT)]
-            with m.Case(Phase.ALLOCATE):
-                m.d.sync += [r.out_index[j].eq(Cat(index, hand))
-                             for j, (hand, index) in enumerate(taken)]
+        with m.If(at[Phase.M_LAYOUT.value]):
+            m.d.sync += [r.pe_layout[pe].eq(m_layouts[pe]) for pe in range(PE_COUNT)]
+        with m.Elif(at[Phase.ALLOCATE.value]):
+            m.d.sync += [r.out_index[j].eq(Cat(index, hand))
+                         for j, (hand, index) in enumerate(taken)]
 
         # ---- outputs ------------------------------------------------------------------
         v = self.verdict.payload
@@ -1503,7 +1492,7 @@ class Preflight(wiring.Component):
             self.approve.eq(self.verdict.valid & (v_outcome == Outcome.APPROVE)),
             self.fault.eq(self.verdict.valid & (v_outcome == Outcome.FAULT)),
             self.noop.eq(self.verdict.valid & (v_outcome == Outcome.NOOP)),
-            self.busy.eq((phase != Phase.IDLE) | accepted),
+            self.busy.eq(~at[Phase.IDLE.value] | accepted),
         ]
         self._drive_plan(pm, x, r)
         return m

@@ -103,6 +103,8 @@ class Harness(Elaboratable):
             # The record follows the payload while ``ready`` (a register): only when idle.
             Assert(~dut.record.ready | ~dut.busy),
             # 3. Bounded: forward progress in every checking cycle, verdict before idle.
+            # The phase is one-hot, so ``phase`` names it.
+            Assert((dut.at != 0) & ((dut.at & (dut.at - 1)) == 0)),
             Assert(phase <= Phase.HOLD.value),
             Assert(~(was_checking & checking) | (rank > last_rank)),
             Assert(~was_checking | checking | (phase == Phase.VERDICT.value)),
