@@ -585,7 +585,10 @@ class Preflight(wiring.Component):
         self.slot = Signal(5, name="slot")
         self.word = Signal(16, name="word")
         self.walk_found = Signal(name="walk_found")
+        self.walk_after_found = Signal(name="walk_after_found")
         self.walk_rest = Signal(32, name="walk_rest")
+        #: The slots a walk has still to visit, as a number each step lowers.
+        self.walk = Cat(self.walk_rest, self.walk_after_found, self.walk_found)
         self.rec = Signal(self.record_layout, name="rec")
 
     # ---- facts of the held record -------------------------------------------------
@@ -1065,28 +1068,32 @@ class Preflight(wiring.Component):
         post_vec = _reg(fm, slot_vector(post_present), "post_slots")
         math_vec = _reg(fm, slot_vector(math_present), "math_slots")
         sel_vec = _sig(fm, Cat(*x.selected), "selected_pes")
-        # A walk (the slots of a per-PE phase, in order) keeps its next slot in registers,
-        # ``walk_next`` (one-hot, and its index ``walk_next_index``, which ``slot`` takes
-        # without an OR tree) and ``walk_found``, and the slots after that one in ``rest``,
-        # whose lowest is the next ``walk_next`` (a search above ``slot`` was 21 levels from
-        # ``slot`` back to itself, issue #9).  A phase starts its walk from facts: the first
-        # two slots (the second one-hot and as an index) and the rest.
+        # A walk (the slots of a per-PE phase, in order) keeps its next slot's index in a
+        # register (``walk_next_index``, which ``slot`` takes without an OR tree), the slot
+        # after that one-hot (``walk_after``, whose OR tree gives the next index) and the
+        # slots after those in ``rest``, whose lowest is the next ``walk_after``: each step
+        # of the walk is a carry chain or an OR tree, never both (a search above ``slot`` was
+        # 21 levels from ``slot`` back to itself, the lowest of ``rest`` and its index 10,
+        # issue #9).  A phase starts its walk from facts: its first three slots and the rest.
         def walk(vector, width, name):
             after1 = _reg(fm, vector & (vector - 1), f"{name}_after1")
             second = _sig(fm, after1 & ~(after1 - 1), f"{name}_second_lowest")
+            after2 = _reg(fm, after1 & (after1 - 1), f"{name}_after2")
             return (first(vector, width, f"{name}_first"),
                     (_reg(fm, after1 != 0, f"{name}_second_found"),
-                     _reg(fm, second, f"{name}_second"),
                      _reg(fm, one_hot_index(second, width), f"{name}_second_index")),
-                    _reg(fm, after1 & (after1 - 1), f"{name}_after2"))
+                    (_reg(fm, after2 != 0, f"{name}_third_found"),
+                     _reg(fm, after2 & ~(after2 - 1), f"{name}_third")),
+                    _reg(fm, after2 & (after2 - 1), f"{name}_after3"))
 
         post_walk = walk(post_vec, 32, "post")
         math_walk = walk(math_vec, 32, "math")
         pe_walk = walk(sel_vec, PE_COUNT, "pe")
         post_first, math_first = post_walk[0], math_walk[0]
-        walk_next = Signal(32, name="walk_next")
-        walk_next_index = Signal(5, name="walk_next_index")     # of the one-hot ``walk_next``
-        walk_found, rest = self.walk_found, self.walk_rest
+        walk_next_index = Signal(5, name="walk_next_index")
+        walk_after = Signal(32, name="walk_after")
+        walk_found, walk_after_found, rest = (self.walk_found, self.walk_after_found,
+                                              self.walk_rest)
         rest_lowest = _sig(nm, rest & ~(rest - 1), "walk_rest_lowest")
         role, slot_pe = slot[0:3], slot[3:5]
 
@@ -1398,15 +1405,16 @@ class Preflight(wiring.Component):
         # does not fault, and are 0 in every other phase; ``rest`` (the slots to come) is
         # loaded with a walk's first slot and follows its moves.
         def start_walk(w):
-            (_, first_index), (second_found, second, second_index), after2 = w
-            m.d.sync += [slot.eq(first_index), walk_next.eq(second),
-                         walk_next_index.eq(second_index), walk_found.eq(second_found),
-                         rest.eq(after2)]
+            (_, first_index), (second_found, second_index), (third_found, third), after3 = w
+            m.d.sync += [slot.eq(first_index), walk_next_index.eq(second_index),
+                         walk_found.eq(second_found), walk_after.eq(third),
+                         walk_after_found.eq(third_found), rest.eq(after3)]
 
         def advance():
-            m.d.sync += [slot.eq(walk_next_index), walk_next.eq(rest_lowest),
-                         walk_next_index.eq(one_hot_index(rest_lowest, 32)),
-                         walk_found.eq(rest.any()), rest.eq(rest & (rest - 1))]
+            m.d.sync += [slot.eq(walk_next_index),
+                         walk_next_index.eq(one_hot_index(walk_after, 32)),
+                         walk_found.eq(walk_after_found), walk_after.eq(rest_lowest),
+                         walk_after_found.eq(rest.any()), rest.eq(rest & (rest - 1))]
 
         def count():
             """Stay on the slot, one more word (``word`` + 1 >= / > _DRAIN)."""

@@ -13,10 +13,10 @@ to a depth):
    reads nothing (no tile, Shared, word or GPR read).
 3. **A verdict within a bounded number of cycles**: while a record is being checked, the
    ranking ``(phase, -walk, slot, word)`` strictly increases every cycle (lexicographically;
-   ``walk`` is the number ``walk_found``:``walk_rest``, the slots a per-PE phase has still to
-   visit, which each step of the walk lowers) and the phase never returns to IDLE or HOLD
-   without a verdict.  The ranking takes finitely
-   many values, so the verdict comes; ``docs/hdl-preflight.md`` derives the exact bound.
+   ``walk`` is the number ``walk_found``:``walk_after_found``:``walk_rest``, the slots a
+   per-PE phase has still to visit, which each step of the walk lowers) and the phase never
+   returns to IDLE or HOLD without a verdict.  The ranking takes finitely many values, so
+   the verdict comes; ``docs/hdl-preflight.md`` derives the exact bound.
 4. **The verdict is a well-behaved stream**: once valid it stays valid with the same
    payload until taken.
 
@@ -68,7 +68,7 @@ class Harness(Elaboratable):
                          rejected.eq(outcome != Outcome.APPROVE)]
 
         # The ranking, and whether the previous cycle was a checking one.
-        rank = Cat(dut.word, dut.slot, ~Cat(dut.walk_rest, dut.walk_found), phase)
+        rank = Cat(dut.word, dut.slot, ~dut.walk, phase)
         last_rank = Signal.like(rank)
         was_checking = Signal()
         last_valid = Signal()
