@@ -118,8 +118,11 @@ FEATURE_MAP_DESCRIPTOR = FeatureMapDescriptorLayout()
 FM_PARTS = -(-FEATURE_MAP_DESCRIPTOR.size // 64)
 
 #: One beat of a feature map on its way from the tile store to the TIMG2COL engine: bits
-#: 64*part to 64*part+63 of the register.
-FeatureMapPartLayout = data.StructLayout({"part": range(FM_PARTS), "data": 64})
+#: 64*part to 64*part+63 of the register, which are zero instead when ``unset`` (the part
+#: was not written since the register was allocated: the store sends its memory's word and
+#: that bit, read from two block RAMs, and the engine applies it after its beat register,
+#: decisions T20, T33, E23).
+FeatureMapPartLayout = data.StructLayout({"part": range(FM_PARTS), "data": 64, "unset": 1})
 
 
 def feature_map_parts(fm: FeatureMapDescriptor) -> list[int]:

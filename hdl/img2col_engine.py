@@ -272,16 +272,17 @@ class Img2ColEngine(wiring.Component):
         # later: the beat comes from the store's block RAMs, and their outputs then reach
         # flip-flops only, not the part decode in front of 340 enables (E21).  The last
         # part is stored in the cycle the job is taken, before the preflight reads it.  The
-        # beat register loads in every cycle (only ``fm_beat_valid`` says whether it holds a
-        # beat), so no enable multiplexer follows the store's read path (E22).
+        # beat register loads in every cycle (only ``fm_beat_parts`` says whether it holds a
+        # beat), so no enable multiplexer follows the store's read path (E22).  Which part
+        # it holds is registered one-hot with it, so each part's 64 enables come from a
+        # flip-flop, and an ``unset`` part is stored as zero (the store's ``fm_set`` bit,
+        # E23).
         beat = Signal(FeatureMapPartLayout, name="fm_beat", reset_less=True)
-        beat_valid = Signal(name="fm_beat_valid")
-        m.d.sync += [beat_valid.eq(0), beat.eq(self.fm.payload)]
-        with m.If(beat_valid):
-            with m.Switch(beat.part):
-                for part in range(FM_PARTS):
-                    with m.Case(part):
-                        m.d.sync += fm_parts.word_select(part, 64).eq(beat.data)
+        beat_parts = Signal(FM_PARTS, name="fm_beat_parts")
+        m.d.sync += [beat_parts.eq(0), beat.eq(self.fm.payload)]
+        for part in range(FM_PARTS):
+            with m.If(beat_parts[part]):
+                m.d.sync += fm_parts.word_select(part, 64).eq(Mux(beat.unset, 0, beat.data))
         m.d.comb += gen.fm.eq(fm)
         checks = self._preflight(m, job, fm)
         program, out_height, out_width, first_failure, window_empty = checks
@@ -385,7 +386,8 @@ class Img2ColEngine(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += [self.job.ready.eq(1), self.fm.ready.eq(1)]
                 with m.If(self.fm.valid):
-                    m.d.sync += beat_valid.eq(1)
+                    m.d.sync += beat_parts.eq(
+                        Cat(*(self.fm.payload.part == k for k in range(FM_PARTS))))
                 with m.If(self.job.valid):
                     m.d.sync += [job.eq(self.job.payload), *program.start()]
                     m.next = "PREFLIGHT"

@@ -38,6 +38,7 @@ active together: host commands are only taken while ``host_enable`` (the unit is
 preflight reads only while checking, the engines run only between PLACE and PUBLISH/ABORT.
 """
 
+import contextlib
 import functools
 import operator
 from typing import NamedTuple
@@ -75,6 +76,11 @@ _NO_COLLISION = {"no_rw_check": 1}
 #: Host commands that do not address a tile register (their ``index`` is not checked).
 _UNADDRESSED = (HostOp.NOP, HostOp.DESC_PART, HostOp.WRITE_GPR, HostOp.READ_GPR,
                 HostOp.WRITE_SYS, HostOp.READ_SYS)
+#: The sequencer's states (host commands, placement, publication), IDLE first.
+_SEQ_STATES = ("IDLE", "HOST_READS", "HOST_FACTS", "HOST_CHECK", "HOST", "HOST_ISSUE",
+               "HOST_READ", "HOST_SYNTH", "HOST_REPLY", "CFG_SCAN", "CFG_INSTALL", "CFG_CLEAR",
+               "PLACE_PLAN", "PLACE_NEXT", "PLACE_SCAN", "PLACE_END", "FREE_PLACED", "PUBLISH",
+               "PUBLISH_END")
 
 
 class StoreOp(enum.Enum, shape=2):
@@ -154,39 +160,49 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
 
     A pipeline of :data:`IMPLICIT_CYCLES` stages that register every cycle: the word is
     valid that many cycles after its inputs, which must hold meanwhile (decision T24).  The
-    stages: log2 of the columns (0 unless a power of two) and that clamped to 6; the rows and
-    columns used before the word's first element; the rows and columns that remain to the
-    region's end, clamped to 0-64; those as thermometer codes (T14); each element's row
-    and column test (T31); the word.
+    stages: log2 of the columns (0 unless a power of two) and that clamped to 6, one-hot; the
+    rows and columns used before the word's first element; the rows and columns that remain
+    to the region's end, clamped to 0-64 (one subtraction, its borrow and an OR of its high
+    bits, T33); the elements of the remaining rows (``rows << log2``, clamped to 64) and the
+    remaining columns as a thermometer code (T14); each element's row test, a thermometer
+    code of those elements, and its column test, two AND-ORs under the one-hot log (T31,
+    T33); the word.
     Element i is ``i >> log2`` rows and ``i & (columns - 1)`` columns past the word's first
     element: the 64 elements of a word never carry into higher slot bits, since physical
-    columns are a power of two."""
+    columns are a power of two; its row lies in the region when ``i < rows << log2``."""
     log = Signal(5, name=f"{name}_log")
-    log6 = Signal(3, name=f"{name}_log6")       # min(log, 6)
+    log6 = Signal(7, name=f"{name}_log6")       # bit k: min(log, 6) == k
     m.d.sync += [log.eq(Mux((phys_cols & pc_mask) == 0, one_hot_index(phys_cols, 16), 0)),
-                 log6.eq(Mux(log >= 6, 6, log))]
+                 log6.eq(Cat(*(log == k for k in range(6)), log >= 6))]
     first = Cat(Const(0, 6), word)
     rows_used = Signal(len(first), name=f"{name}_rows_used")
     cols_used = Signal(16, name=f"{name}_cols_used")
     m.d.sync += [rows_used.eq(first >> log), cols_used.eq(first & pc_mask)]
-    below = []
+    rooms = []
     for size, used, what in ((rows, rows_used, "rows"), (cols, cols_used, "cols")):
         room = Signal(7, name=f"{name}_{what}_room")
-        m.d.sync += room.eq(Mux(size <= used, 0, Mux(size - used >= 64, 64, size - used)))
-        thermometer = _thermometer(m, room, 64, f"{name}_{what}_thermometer")
-        bits = Signal(64, name=f"{name}_{what}_below")
-        m.d.sync += bits.eq(thermometer)
-        below.append(bits)
-    rows_below, cols_below = below
-    # Element i's row and column tests, each a multiplexer on ``log6`` registered, then
-    # their AND (T31).
-    rows_ok, cols_ok = Signal(64, name=f"{name}_rows_ok"), Signal(64, name=f"{name}_cols_ok")
+        diff = Signal(max(len(size), len(used)) + 1, name=f"{name}_{what}_left")
+        m.d.comb += diff.eq(size - used)        # its top bit: the borrow, size < used
+        m.d.sync += room.eq(Mux(diff[-1], 0, Mux(diff[6:-1].any(), 64, diff[:6])))
+        rooms.append(room)
+    rows_room, cols_room = rooms
+    # ``rows_room << log``, clamped to 64: it reaches 64 when the room has a bit at 6 - k.
+    rows_end = Signal(7, name=f"{name}_rows_end")
+    m.d.sync += rows_end.eq(_one_hot_select(log6, [
+        Mux(rows_room[6 - k:].any(), 64, (rows_room << k)[:7]) for k in range(7)]))
+    cols_below = Signal(64, name=f"{name}_cols_below")
+    m.d.sync += cols_below.eq(_thermometer(m, cols_room, 64, f"{name}_cols_thermometer"))
+    # Element i's row test, and its column test in two halves (log below 4, log from 4),
+    # registered, then their AND (T31, T33).
+    rows_ok = Signal(64, name=f"{name}_rows_ok")
+    m.d.sync += rows_ok.eq(_thermometer(m, rows_end, 64, f"{name}_rows_thermometer"))
+    cols_ok = [Signal(64, name=f"{name}_cols_ok{h}") for h in range(2)]
     for i in range(64):
-        m.d.sync += [
-            rows_ok[i].eq(Array(rows_below[i >> min(k, 6)] for k in range(8))[log6]),
-            cols_ok[i].eq(Array(cols_below[i & ((1 << min(k, 6)) - 1)] for k in range(8))[log6])]
+        for h, ks in enumerate((range(4), range(4, 7))):
+            m.d.sync += cols_ok[h][i].eq(_one_hot_select(
+                log6[ks.start:ks.stop], [cols_below[i & ((1 << k) - 1)] for k in ks]))
     flags = Signal(64, name=name)
-    m.d.sync += flags.eq(rows_ok & cols_ok)
+    m.d.sync += flags.eq(rows_ok & (cols_ok[0] | cols_ok[1]))
     return flags
 
 
@@ -237,6 +253,40 @@ def _one_hot_select(one_hot, values):
     return functools.reduce(operator.or_, (Mux(one_hot[i], v, 0) for i, v in enumerate(values)))
 
 
+class _OneHotFSM:
+    """A state machine with one flip-flop per state (decision T33): ``on[name]`` is the
+    state's flip-flop, so every decision of a state starts from one register, not from a
+    decode of a binary state register in front of the registers it enables.
+
+    ``state(name)`` opens a state's block and ``goto(target)`` leaves it, like
+    ``m.FSM`` / ``m.State`` / ``m.next``: the last ``goto`` a cycle executes wins, so each
+    one also clears the targets that the state's earlier ``goto`` calls may have set.
+    """
+
+    def __init__(self, m: Module, states, name: str):
+        self._m = m
+        self.on = {s: Signal(name=f"{name}_{s.lower()}", init=k == 0)
+                   for k, s in enumerate(states)}
+        self._targets = {s: [] for s in states}
+        self._current = None
+
+    @contextlib.contextmanager
+    def state(self, name: str):
+        """The block of state ``name``: its statements take effect while it is current."""
+        self._current = name
+        with self._m.If(self.on[name]):
+            yield
+        self._current = None
+
+    def goto(self, target: str):
+        """Make ``target`` the state of the next cycle."""
+        seen = self._targets[self._current]
+        self._m.d.sync += [self.on[s].eq(0) for s in (*seen, self._current) if s != target]
+        self._m.d.sync += self.on[target].eq(1)
+        if target not in seen:
+            seen.append(target)
+
+
 def _log2_bytes(dtype):
     """log2 of the element bytes of a TIMG2COL DataType code (8/16/32-bit types)."""
     wide = [t.value for t in DataType if t.bits == 32]
@@ -278,11 +328,13 @@ class TileStore(wiring.Component):
         That source's descriptor (for :func:`~ptocube.hdl.preflight.img2col_job`), from the
         second cycle after ``src_load`` until the cycle after the next ``src_load`` (a copy
         of the read register, decision T23).
-    src_fm_read : In(1), src_fm_part : In(range(FM_PARTS)), src_fm : Out(64)
+    src_fm_read : In(1), src_fm_part : In(range(FM_PARTS)), src_fm : Out(64),
+    src_fm_set : Out(1)
         The feature map goes out one 64-bit part at a time (decisions T18, T20): while the
         store is idle, ``src_fm_read`` reads part ``src_fm_part`` of the loaded source's
         feature map; ``src_fm`` shows the part read last from the next cycle until the
-        store's next read of the feature-map memory.
+        store's next read of the feature-map memory, and ``src_fm_set`` whether it was
+        written since allocation (the part is zero if not, decision T33).
     tile_capacity : Out(32) - the system register.
     status_flags : Out(5) - the sticky numeric flags.
     idle : Out(1) - no host command or request in progress.
@@ -320,6 +372,7 @@ class TileStore(wiring.Component):
             "src_fm_read": In(1),
             "src_fm_part": In(range(FM_PARTS)),
             "src_fm": Out(64),
+            "src_fm_set": Out(1),
             "tile_capacity": Out(32, init=CORE_TILE_CAPACITY_BYTES),
             "status_flags": Out(5),
             "idle": Out(1),
@@ -350,18 +403,19 @@ class TileStore(wiring.Component):
             flg_rd.append(_BlockReadPort(m, f, f"flags{s}")), flg_wr.append(f.write_port())
         # Every payload write (host, CUBE engine, TIMG2COL destination) is registered at the
         # store's boundary and reaches the memory a cycle later: the memories' write inputs
-        # are flip-flops (decision T26).  ``write_payload`` loads the register; a later call
-        # in the same cycle wins (the engines' after the host's).
+        # are flip-flops (decision T26).  ``write_payload`` adds a writer; the writers never
+        # write in the same cycle (T3), so the registers load in every cycle an AND-OR of
+        # the writes under their ``valid``: a writer's handshake reaches the registers' data,
+        # not their clock enables (T33).
         wr_mask = [Signal(8, name=f"payload{s}_wr_mask") for s in spaces]
         wr_addr = Signal(ww, name="payload_wr_addr")
         wr_data = Signal(64, name="payload_wr_data")
-        m.d.sync += [mask.eq(0) for mask in wr_mask]
         for port, mask in zip(pay_wr, wr_mask):
             m.d.comb += [port.en.eq(mask), port.addr.eq(wr_addr), port.data.eq(wr_data)]
+        writes = []
 
-        def write_payload(masks, addr, data):
-            m.d.sync += [wr_addr.eq(addr), wr_data.eq(data)]
-            m.d.sync += [reg.eq(mask) for reg, mask in zip(wr_mask, masks)]
+        def write_payload(valid, masks, addr, data):
+            writes.append((valid, masks, addr, data))
 
         lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
         sreg = Memory(shape=self.shared_entry, depth=256, init=[], attrs=_NO_COLLISION)
@@ -388,12 +442,9 @@ class TileStore(wiring.Component):
         base_rd, base_wr = bases_mem.read_port(domain="comb"), bases_mem.write_port()
         m.d.comb += [base_wr.en.eq(l_wr.en), base_wr.addr.eq(l_wr.addr),
                      base_wr.data.eq(l_wr.data.base)]
-        # The part read last, for the host's READ_FM and the TIMG2COL engine's load; zero
-        # unless written since allocation (``fm_set`` of the Local entry read with it).
+        # The number of the part read last: the part was written since allocation when its
+        # bit of ``fm_set`` is set in the Local entry read with it.
         fm_read_part = Signal(range(FM_PARTS), name="fm_read_part")
-        fm_part = Signal(64, name="fm_part")
-        m.d.comb += fm_part.eq(Mux(l_rd.data.fm_set.bit_select(fm_read_part, 1),
-                                   fm_rd.data, 0))
 
         def read_local(addr):
             m.d.comb += [l_rd.en.eq(1), l_rd.addr.eq(addr)]
@@ -454,8 +505,9 @@ class TileStore(wiring.Component):
         rsp = Signal(HostResponseLayout)
         rsp_valid = Signal()
         stage = Signal(128)                    # DESC_PART staging register
-        req = Signal(StoreOp)
         ok = Signal()
+        seq = _OneHotFSM(m, _SEQ_STATES, "seq")
+        on = seq.on
         m.d.comb += [self.host_rsp.payload.eq(rsp), self.host_rsp.valid.eq(rsp_valid)]
         with m.If(self.host_rsp.ready):
             m.d.sync += rsp_valid.eq(0)
@@ -479,7 +531,10 @@ class TileStore(wiring.Component):
         # formation (T23) and the element port, with the PE, its placed output's base and,
         # from the copy a cycle later again, the valid region's bounds in storage order
         # (implicit flags, T5).  The block RAMs' outputs reach only registers here.
-        m.d.comb += self.src_fm.eq(fm_part)
+        # The part and its ``fm_set`` bit go out apart, each from its block RAM, and the
+        # engine zeroes an unwritten part after its beat register (decision T33).
+        m.d.comb += [self.src_fm.eq(fm_rd.data),
+                     self.src_fm_set.eq(l_rd.data.fm_set.bit_select(fm_read_part, 1))]
         src_latch = Signal()                    # the read registers hold PE src_pe's source
         index_w = len(self.i2c.src_req.payload)
         src = _ElementSource(
@@ -682,23 +737,20 @@ class TileStore(wiring.Component):
         reg_cells = Mux(is_pe, le.desc.cells, se.desc.cells)
         reg_base = Mux(is_pe, le.base, se.base)
 
-        # The answer (decision T26): the states set flags, and the response register loads
-        # whenever no answer is pending (a command starts only then), so HOST's decisions
-        # meet the data in one AND-OR instead of a chain of multiplexers.  ``reply_value``
-        # answers ``f_value``.
-        answer, answer_error, answer_value = Signal(), Signal(), Signal()
-        answer_data = Signal(64)
+        # The answer (decisions T26, T33): the states say whether they answer, and the
+        # response register loads whenever no answer is pending (a command starts only
+        # then), from an AND-OR of the answers under flip-flop selects, one per state that
+        # may answer, set whether or not it answers: a word loaded without an answer is
+        # never shown, so the states' decisions reach only ``rsp_valid`` and ``rsp.error``.
+        answer, answer_error = Signal(), Signal()
         with m.If(answer):
             m.d.sync += rsp_valid.eq(1)
 
-        def reply(value):
-            m.d.comb += [answer.eq(1), answer_data.eq(value)]
+        def reply():
+            m.d.comb += answer.eq(1)
 
-        def reply_value():
-            m.d.comb += [answer.eq(1), answer_value.eq(1)]
-
-        def fail(error):
-            m.d.comb += [answer.eq(1), answer_error.eq(1), answer_data.eq(error)]
+        def fail():
+            m.d.comb += [answer.eq(1), answer_error.eq(1)]
 
         read_flags = Signal()
         # HOST_ISSUE: the payload / flag memory a READ_WORD / READ_FLAGS reads (one-hot),
@@ -764,6 +816,16 @@ class TileStore(wiring.Component):
         f_gpr_bad, f_gpr_zero = Signal(), Signal()
         f_cfg_bad, f_cfg_big = Signal(), Signal()
         need = Mux(is_pe, staged_l.cells, staged_s.cells)
+        # CONFIGURE's bytes, registered in every cycle in two stages from the command and
+        # the staged descriptor, which hold from HOST_READS on: ready before HOST, read in
+        # CFG_INSTALL (T33).  The owners (1 to 4, one-hot) choose a multiple of the bytes.
+        need_bytes = Signal(len(need) + 7, name="cfg_need_bytes")
+        need_bytes3 = Signal(len(need) + 9, name="cfg_need_bytes3")
+        cfg_owners = Signal(4, name="cfg_owners")
+        m.d.sync += [need_bytes.eq(need << 7), need_bytes3.eq((need * 3) << 7),
+                     cfg_owners.eq(Mux(is_pe, 1, Cat(*(popcnt == n for n in range(1, 5))))),
+                     cfg_bytes.eq(_one_hot_select(cfg_owners, [
+                         need_bytes, need_bytes << 1, need_bytes3, need_bytes << 2]))]
         f_local = Signal(self.local_entry)      # a copy of its Local entry, for rewrites
         f_cells = Signal(12)                    # its CELLs, and the PEs that hold them
         f_owners = Signal(3)
@@ -781,9 +843,6 @@ class TileStore(wiring.Component):
                    for name in ("desc0", "desc1", "undef", "gpr", "fm")}
         f_fm_set = Signal(name="f_fm_set")
         f_value = Signal(64, name="f_value")
-        with m.If(~rsp_valid):
-            m.d.sync += [rsp.data.eq(Mux(answer_value, f_value, 0) | answer_data),
-                         rsp.error.eq(answer_error)]
         sel_names = ("desc0_pe", "desc0_sh", "desc1_pe", "desc1_sh", "undef_pe", "undef_sh",
                      "gpr", "base", "sys")
         value_sel = Signal(len(sel_names), name="value_sel")
@@ -840,15 +899,16 @@ class TileStore(wiring.Component):
         error = Mux(f_bad_space, HostError.BAD_SPACE,
                     Mux(f_bad_index, HostError.BAD_INDEX,
                         Mux(f_op.any(), _one_hot_select(f_op, op_errors), HostError.BAD_OP)))
-        host_now = Signal()                     # the HOST cycle
+        host_now = on["HOST"]
         # FREE's end CELL: base + cells of each table's entry, registered with the facts, then
         # the choice and the saturation (one carry chain per stage, T31).
         f_ends = [Signal(max(run_w, len(f_cells)) + 1, name=f"f_end_{t}") for t in ("pe", "sh")]
         f_end = Mux(is_pe, *f_ends)
         h_end = Signal(run_w, name="h_end")
-        cfg_now = Signal()                      # the CFG_INSTALL cycle
-        clearing = Signal()                     # CFG_CLEAR
+        cfg_now = on["CFG_INSTALL"]
+        clearing = on["CFG_CLEAR"]
         h_ok = Signal(len(HostOp), name="h_ok")
+        h_stage = Signal(2, name="h_stage")     # DESC_PART's halves of ``stage``
         h_err = Signal(HostError.as_shape(), name="h_err")
         h_fail, h_value = Signal(name="h_fail"), Signal(name="h_value")
         h_wr_local, h_wr_shared = Signal(name="h_wr_local"), Signal(name="h_wr_shared")
@@ -859,9 +919,12 @@ class TileStore(wiring.Component):
         passed = Signal(len(HostOp), name="h_passed")
         m.d.comb += passed.eq(Mux(f_bad_space | f_bad_index, 0, Cat(*(
             ops[op] & (e == HostError.NONE) for op, e in zip(HostOp, op_errors)))))
+        # The outcome's bits hold only in HOST (T33): HOST's writes and answers are
+        # enabled by flip-flops, not by the state's decode and a bit.
+        checking = on["HOST_CHECK"]
         m.d.sync += [
-            host_now.eq(0), cfg_now.eq(0),
-            h_ok.eq(passed), h_err.eq(error),
+            h_ok.eq(Mux(checking, passed, 0)), h_err.eq(error),
+            h_stage.eq(Mux(checking & passed[HostOp.DESC_PART.value], f_addr[:2], 0)),
             f_value.eq(f_parts["desc0"] | f_parts["desc1"] | f_parts["undef"] | f_parts["gpr"]
                        | Mux(f_fm_set, f_parts["fm"], 0)
                        | Mux(vsel["base"] & f_allocated, f_base, 0)
@@ -869,14 +932,14 @@ class TileStore(wiring.Component):
             # The payload and flag word addresses, and FREE's saturated end CELL.
             f_word_addr.eq((f_base << 4) + cmd.addr), f_flag_addr.eq((f_base << 2) + cmd.addr),
             h_end.eq(Mux(f_end > max(pad), max(pad), f_end)),
-            h_fail.eq(error != HostError.NONE),
-            h_value.eq(Cat(*(passed[op.value] for op in (
+            h_fail.eq(checking & ~passed.any()),        # error != NONE
+            h_value.eq(checking & Cat(*(passed[op.value] for op in (
                 HostOp.READ_DESC, HostOp.READ_FM, HostOp.READ_GPR, HostOp.READ_SYS))).any()),
-            h_wr_local.eq(is_pe & Cat(*(passed[op.value] for op in (
+            h_wr_local.eq(checking & (is_pe & Cat(*(passed[op.value] for op in (
                 HostOp.FREE, HostOp.SET_UNDEFINED, HostOp.WRITE_FM))).any()
-                          | passed[HostOp.WRITE_FLAGS.value] & f_synth),
-            h_wr_shared.eq(~is_pe & (passed[HostOp.FREE.value]
-                                     | passed[HostOp.SET_UNDEFINED.value])),
+                                      | passed[HostOp.WRITE_FLAGS.value] & f_synth)),
+            h_wr_shared.eq(checking & ~is_pe & (passed[HostOp.FREE.value]
+                                                | passed[HostOp.SET_UNDEFINED.value])),
             h_local.eq(f_local), h_local.undef.eq(Mux(ops[HostOp.SET_UNDEFINED], cmd.data,
                                                       f_local.undef)),
             h_local.synth.eq(f_local.synth & ~ops[HostOp.WRITE_FLAGS]),
@@ -892,8 +955,7 @@ class TileStore(wiring.Component):
         # the sequencer's decisions reach only the read enable (T27).  HOST_READS reads the
         # command's part (a part number READ_FM refuses reads part 0, inside the memory),
         # ``src_load`` / ``src_fm_read`` the source's part ``src_fm_part``.
-        reads_now = Signal()                    # the HOST_READS cycle
-        m.d.sync += reads_now.eq(0)
+        reads_now = on["HOST_READS"]
         host_part = cmd.addr[:3]
         fm_entry = Mux(reads_now, Cat(idx[:6], space[:2]), Mux(self.src_load, source, src_local))
         fm_rd_part = Mux(reads_now, Mux(host_part < FM_PARTS, host_part, 0), self.src_fm_part)
@@ -901,219 +963,252 @@ class TileStore(wiring.Component):
         with m.If(fm_rd.en):
             m.d.sync += fm_read_part.eq(fm_rd_part)
         busy = Signal()
-        m.d.comb += self.idle.eq(~busy & ~rsp_valid)
+        m.d.comb += [busy.eq(~on["IDLE"] & ~on["PLACE_END"]), self.idle.eq(~busy & ~rsp_valid)]
+        # A mark's CELLs are chosen by the state that may mark, under its flip-flop, whether
+        # or not it marks in the cycle (only ``mark_set`` / ``mark_clear`` say so, T33).
+        m.d.comb += [
+            mark_space.eq(_one_hot_select(
+                Cat(on["HOST"] | on["CFG_INSTALL"], on["PLACE_SCAN"] | on["FREE_PLACED"]),
+                [space, walk_pe])),
+            mark_base.eq(_one_hot_select(
+                Cat(on["HOST"], on["CFG_INSTALL"], on["PLACE_SCAN"], on["FREE_PLACED"]),
+                [f_base, cfg_base, scan_base, bases[walk_pe][walk_j]])),
+            mark_end.eq(_one_hot_select(
+                Cat(on["HOST"], on["CFG_INSTALL"], on["PLACE_SCAN"], on["FREE_PLACED"]),
+                [h_end, cfg_end, scan_end, ends[walk_pe][walk_j]]))]
+        # HOST_REPLY's answer, chosen as the state is entered (T33).
+        answer_word, answer_flags, answer_synth = (Signal(name=f"answer_{n}")
+                                                   for n in ("word", "flags", "synth"))
+        m.d.sync += [answer_word.eq(0), answer_flags.eq(0), answer_synth.eq(0)]
 
-        with m.FSM(name="seq"):
-            with m.State("IDLE"):
-                with m.If(self.req_valid & (self.req != StoreOp.NONE)):
-                    m.d.sync += [req.eq(self.req), walk_pe.eq(0), walk_j.eq(0), ok.eq(1),
-                                 walk_left.eq(todo)]
-                    with m.Switch(self.req):
-                        with m.Case(StoreOp.PLACE):
-                            m.d.sync += placed.eq(0)
-                            m.next = "PLACE_PLAN"
-                        with m.Case(StoreOp.PUBLISH):
-                            m.next = "PUBLISH"
-                        with m.Case(StoreOp.ABORT):
-                            m.next = "FREE_PLACED"
-                with m.Elif(self.src_load):
-                    read_local(source), read_fm()
-                    m.d.sync += [src_latch.eq(1), src.pe.eq(1 << self.src_pe),
-                                 src_local.eq(source)]
-                with m.Elif(self.src_fm_read):
-                    read_fm()
-                with m.Elif(host_go):
-                    m.d.comb += self.host_cmd.ready.eq(1)
-                    m.d.sync += reads_now.eq(1)
-                    m.next = "HOST_READS"
-                # The command register loads in every idle cycle: it holds the command from
-                # the one that takes it (its fields are read only after, decision T26).
-                m.d.sync += cmd.eq(self.host_cmd.payload)
+        def to_reply():
+            seq.goto("HOST_REPLY")
+            m.d.sync += [answer_word.eq(~read_flags), answer_flags.eq(read_flags & ~f_synth),
+                         answer_synth.eq(read_flags & f_synth)]
 
-            with m.State("HOST_READS"):
-                # The command's entries are read from the command register, and the answer's
-                # source is chosen (below, T24), a cycle after the take (decision T26).
-                m.d.comb += busy.eq(1)
-                m.next = "HOST_FACTS"
-                read_local(Cat(idx[:6], space[:2])), read_shared(idx), read_fm()
-                read_gpr(idx[:5])
+        with m.If(~rsp_valid):
+            m.d.sync += [
+                rsp.data.eq(_one_hot_select(
+                    Cat(h_fail, on["CFG_SCAN"], h_value, answer_word, answer_flags, answer_synth,
+                        on["CFG_CLEAR"]),
+                    [h_err, Const(HostError.NO_SPACE.value, HostError.as_shape()), f_value,
+                     read_word, read_flag_word, read_synth, cfg_base])),
+                rsp.error.eq(answer_error)]
+        # HOST's register writes and payload write, under flip-flops of HOST_CHECK (T33).
+        for k, part in enumerate((stage[:64], stage[64:])):
+            with m.If(h_stage[k]):
+                m.d.sync += part.eq(cmd.data)
+        write_payload(h_ok[HostOp.WRITE_WORD.value], [Mux(f_space[s], 0xFF, 0) for s in spaces],
+                      f_word_addr, cmd.data)
+        with m.If(h_ok[HostOp.WRITE_SYS.value]):
+            with m.If(f_addr[SysReg.TILE_CAPACITY.value]):
+                m.d.sync += capacity.eq(cmd.data)
+            with m.If(f_addr[SysReg.STATUS.value]):
+                m.d.sync += status.eq(cmd.data)
+        with m.If(h_ok[HostOp.FREE.value]):
+            # Saturated: the mask then covers the same CELLs as base + cells.
+            m.d.comb += mark_clear.eq(1)
+            m.d.sync += free_en.eq(1)
 
-            # ---- host commands --------------------------------------------------------
-            with m.State("HOST_FACTS"):
-                # The facts (below) are registered from the entries read.
-                m.d.comb += busy.eq(1)
-                m.next = "HOST_CHECK"
-                lv, sv = le.desc.as_value(), se.desc.as_value()
-                for name, pe_value, sh_value in (("desc0", lv[:64], sv[:64]),
-                                                 ("desc1", lv[64:], sv[64:]),
-                                                 ("undef", le.undef, se.undef)):
-                    m.d.sync += f_parts[name].eq(Mux(vsel[f"{name}_pe"], pe_value, 0)
-                                                 | Mux(vsel[f"{name}_sh"], sh_value, 0))
-                m.d.sync += [f_parts["gpr"].eq(Mux(vsel["gpr"], g_rd.data, 0)),
-                             f_parts["fm"].eq(fm_rd.data),
-                             f_fm_set.eq((fm_sel & le.fm_set).any())]
+        # The walks' position moves under two strobes of the states, so each of its
+        # registers has one enable, not a multiplexer per state (T33); a step from the last
+        # pair wraps to PE0's first.
+        walk_step, walk_zero = Signal(name="walk_step"), Signal(name="walk_zero")
+        walk_last = (walk_pe == PE_COUNT - 1) & (walk_j == 2)
+        with m.If(walk_zero):
+            m.d.sync += [walk_pe.eq(0), walk_j.eq(0)]
+        with m.Elif(walk_step):
+            m.d.sync += walk_left.eq(walk_left >> 1)
+            with m.If(walk_j == 2):
+                m.d.sync += [walk_j.eq(0), walk_pe.eq(walk_pe + 1)]
+            with m.Else():
+                m.d.sync += walk_j.eq(walk_j + 1)
 
-            with m.State("HOST_CHECK"):
-                # The checks' outcome (``h_*``) is registered from the facts (T27).
-                m.d.comb += busy.eq(1)
-                m.d.sync += host_now.eq(1)
-                m.next = "HOST"
+        def advance(same, last):
+            """The walk steps to its next (PE, output) pair, in state ``same`` or, after the
+            last pair, ``last``."""
+            m.d.comb += walk_step.eq(1)
+            with m.If(walk_last):
+                seq.goto(last)
+            with m.Else():
+                seq.goto(same)
 
-            with m.State("HOST"):
-                # Every choice is a bit registered in HOST_CHECK; the register-file writes
-                # follow from ``host_now`` below, outside the state machine (T27).
-                m.d.comb += busy.eq(1)
-                m.next = "IDLE"
-                with m.If(h_fail):
-                    fail(h_err)
-                with m.Elif(h_value):
-                    reply_value()
-                with m.Elif(h_ok[HostOp.CONFIGURE.value]):
-                    m.d.comb += start_scan.eq(1)
-                    m.d.sync += [scan_space.eq(space), scan_need.eq(need),
-                                 cfg_bytes.eq(Mux(is_pe, need << 7, (need << 7) * popcnt)),
-                                 undef_init.eq(Mux(is_pe, undef_l, undef_s))]
-                    m.next = "CFG_SCAN"
-                with m.Elif(h_ok[HostOp.READ_WORD.value]):
-                    m.d.sync += [host_rd_pay.eq(f_space), read_flags.eq(0)]
-                    m.next = "HOST_ISSUE"
-                with m.Elif(h_ok[HostOp.READ_FLAGS.value]):
-                    m.d.sync += [host_rd_flg.eq(f_space), read_flags.eq(1)]
-                    m.next = "HOST_ISSUE"
-                with m.Else():
-                    reply(0)
-                with m.If(h_ok[HostOp.DESC_PART.value]):
-                    with m.If(f_addr[0]):
-                        m.d.sync += stage[:64].eq(cmd.data)
-                    with m.If(f_addr[1]):
-                        m.d.sync += stage[64:].eq(cmd.data)
-                with m.If(h_ok[HostOp.FREE.value]):
-                    # Saturated: the mask then covers the same CELLs as base + cells.
-                    m.d.comb += [mark_space.eq(space), mark_base.eq(f_base), mark_end.eq(h_end),
-                                 mark_clear.eq(1)]
-                    m.d.sync += free_en.eq(1)
-                with m.If(h_ok[HostOp.WRITE_WORD.value]):
-                    write_payload([Mux(f_space[s], 0xFF, 0) for s in spaces], f_word_addr,
-                                  cmd.data)
-                with m.If(h_ok[HostOp.WRITE_SYS.value]):
-                    with m.If(f_addr[SysReg.TILE_CAPACITY.value]):
-                        m.d.sync += capacity.eq(cmd.data)
-                    with m.If(f_addr[SysReg.STATUS.value]):
-                        m.d.sync += status.eq(cmd.data)
+        # The walks' registers load in every idle cycle: the request's handshake reaches only
+        # the state flip-flops (T33).
+        with seq.state("IDLE"):
+            m.d.comb += walk_zero.eq(1)
+            m.d.sync += [ok.eq(1), walk_left.eq(todo)]
+            # The source's entry is the Local file's address in every idle cycle that no
+            # other agent reads it: ``src_load`` reaches only the read's enable (T33).
+            m.d.comb += l_rd.addr.eq(source)
+            with m.If(self.req_valid & (self.req != StoreOp.NONE)):
+                with m.Switch(self.req):
+                    with m.Case(StoreOp.PLACE):
+                        seq.goto("PLACE_PLAN")
+                    with m.Case(StoreOp.PUBLISH):
+                        seq.goto("PUBLISH")
+                    with m.Case(StoreOp.ABORT):
+                        seq.goto("FREE_PLACED")
+            with m.Elif(self.src_load):
+                m.d.comb += l_rd.en.eq(1)
+                read_fm()
+                m.d.sync += [src_latch.eq(1), src.pe.eq(1 << self.src_pe),
+                             src_local.eq(source)]
+            with m.Elif(self.src_fm_read):
+                read_fm()
+            with m.Elif(host_go):
+                m.d.comb += self.host_cmd.ready.eq(1)
+                seq.goto("HOST_READS")
+            # The command register loads in every idle cycle: it holds the command from
+            # the one that takes it (its fields are read only after, decision T26).
+            m.d.sync += cmd.eq(self.host_cmd.payload)
 
-            with m.State("HOST_ISSUE"):
-                # The read HOST chose, from registers (T26).
-                m.d.comb += busy.eq(1)
-                m.next = "HOST_READ"
+        with seq.state("HOST_READS"):
+            # The command's entries are read from the command register, and the answer's
+            # source is chosen (below, T24), a cycle after the take (decision T26).
+            seq.goto("HOST_FACTS")
+            read_local(Cat(idx[:6], space[:2])), read_shared(idx), read_fm()
+            read_gpr(idx[:5])
 
-            with m.State("HOST_READ"):
-                # The word read, registered and answered in HOST_REPLY (T13); a published
-                # row-major output's flags (its valid region, decision T5) wait in HOST_SYNTH
-                # for the implicit-flag pipeline (T24).
-                m.d.comb += busy.eq(1)
-                m.d.sync += synth_wait.eq(0)
-                with m.If(read_flags & f_synth):
-                    m.next = "HOST_SYNTH"
-                with m.Else():
-                    m.next = "HOST_REPLY"
+        # ---- host commands ------------------------------------------------------------
+        with seq.state("HOST_FACTS"):
+            # The facts (below) are registered from the entries read.
+            seq.goto("HOST_CHECK")
+            lv, sv = le.desc.as_value(), se.desc.as_value()
+            for name, pe_value, sh_value in (("desc0", lv[:64], sv[:64]),
+                                             ("desc1", lv[64:], sv[64:]),
+                                             ("undef", le.undef, se.undef)):
+                m.d.sync += f_parts[name].eq(Mux(vsel[f"{name}_pe"], pe_value, 0)
+                                             | Mux(vsel[f"{name}_sh"], sh_value, 0))
+            m.d.sync += [f_parts["gpr"].eq(Mux(vsel["gpr"], g_rd.data, 0)),
+                         f_parts["fm"].eq(fm_rd.data),
+                         f_fm_set.eq((fm_sel & le.fm_set).any())]
 
-            with m.State("HOST_SYNTH"):
-                # The pipeline's inputs hold from HOST on: its flags are ready in HOST_REPLY.
-                m.d.comb += busy.eq(1)
-                m.d.sync += synth_wait.eq(synth_wait + 1)
-                with m.If(synth_wait == IMPLICIT_CYCLES - 3):
-                    m.next = "HOST_REPLY"
+        with seq.state("HOST_CHECK"):
+            # The checks' outcome (``h_*``) is registered from the facts (T27).
+            seq.goto("HOST")
 
-            with m.State("HOST_REPLY"):
-                m.d.comb += busy.eq(1)
-                reply(Mux(read_flags, Mux(f_synth, read_synth, read_flag_word), read_word))
-                m.next = "IDLE"
+        with seq.state("HOST"):
+            # Every choice is a bit registered in HOST_CHECK; the register-file writes
+            # follow from them above and below, outside the state machine (T27, T33).
+            with m.If(h_fail):
+                fail()
+                seq.goto("IDLE")
+            with m.Elif(h_value):
+                reply()
+                seq.goto("IDLE")
+            with m.Elif(h_ok[HostOp.CONFIGURE.value]):
+                m.d.comb += start_scan.eq(1)
+                m.d.sync += [scan_space.eq(space), scan_need.eq(need),
+                             undef_init.eq(Mux(is_pe, undef_l, undef_s))]
+                seq.goto("CFG_SCAN")
+            with m.Elif(h_ok[HostOp.READ_WORD.value]):
+                m.d.sync += [host_rd_pay.eq(f_space), read_flags.eq(0)]
+                seq.goto("HOST_ISSUE")
+            with m.Elif(h_ok[HostOp.READ_FLAGS.value]):
+                m.d.sync += [host_rd_flg.eq(f_space), read_flags.eq(1)]
+                seq.goto("HOST_ISSUE")
+            with m.Else():
+                reply()
+                seq.goto("IDLE")
 
-            with m.State("CFG_SCAN"):
-                m.d.comb += busy.eq(1)
-                with m.If(scan_found):
-                    m.d.sync += [cfg_now.eq(1), cfg_base.eq(scan_base), cfg_end.eq(scan_end),
-                                 clear_pos.eq(scan_base << 2), clear_end.eq(scan_end << 2)]
-                    m.next = "CFG_INSTALL"
-                with m.Elif(scan_failed):
-                    fail(HostError.NO_SPACE)
-                    m.next = "IDLE"
+        with seq.state("HOST_ISSUE"):
+            # The read HOST chose, from registers (T26).
+            seq.goto("HOST_READ")
 
-            with m.State("CFG_INSTALL"):
-                m.d.comb += busy.eq(1)
-                m.d.comb += [mark_space.eq(space), mark_base.eq(cfg_base),
-                             mark_end.eq(cfg_end), mark_set.eq(1)]
-                m.d.sync += [clearing.eq(1), clear_last.eq(0)]
-                m.next = "CFG_CLEAR"
+        with seq.state("HOST_READ"):
+            # The word read, registered and answered in HOST_REPLY (T13); a published
+            # row-major output's flags (its valid region, decision T5) wait in HOST_SYNTH
+            # for the implicit-flag pipeline (T24).
+            m.d.sync += synth_wait.eq(0)
+            with m.If(read_flags & f_synth):
+                seq.goto("HOST_SYNTH")
+            with m.Else():
+                to_reply()
 
-            with m.State("CFG_CLEAR"):
-                # The new register's flags start undefined, one flag word per cycle.
-                m.d.comb += busy.eq(1)
-                m.d.sync += [clear_pos.eq(clear_pos + 1),
-                             clear_last.eq(clear_pos + 2 == clear_end)]
-                with m.If(clear_last):
-                    m.d.sync += clearing.eq(0)
-                    reply(cfg_base)
-                    m.next = "IDLE"
+        with seq.state("HOST_SYNTH"):
+            # The pipeline's inputs hold from HOST on: its flags are ready in HOST_REPLY.
+            m.d.sync += synth_wait.eq(synth_wait + 1)
+            with m.If(synth_wait == IMPLICIT_CYCLES - 3):
+                to_reply()
 
-            # ---- placement of an approved plan ---------------------------------------
-            with m.State("PLACE_PLAN"):
-                # The plan's copy is registered; ``out_cells`` follow (T31).
-                m.d.comb += busy.eq(1)
-                m.d.sync += walk_left.eq(todo)
-                m.next = "PLACE_NEXT"
+        with seq.state("HOST_REPLY"):
+            reply()
+            seq.goto("IDLE")
 
-            with m.State("PLACE_NEXT"):
-                m.d.comb += busy.eq(1)
-                with m.If(mark_pending):
-                    pass                        # the last placement's mark reaches the bitmap
-                with m.Elif(walk_todo):
-                    m.d.comb += start_scan.eq(1)
-                    m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j])]
-                    m.next = "PLACE_SCAN"
-                with m.Else():
-                    self._advance(m, walk_pe, walk_j, walk_left, "PLACE_NEXT", "PLACE_END")
+        with seq.state("CFG_SCAN"):
+            with m.If(scan_found):
+                m.d.sync += [cfg_base.eq(scan_base), cfg_end.eq(scan_end),
+                             clear_pos.eq(scan_base << 2), clear_end.eq(scan_end << 2)]
+                seq.goto("CFG_INSTALL")
+            with m.Elif(scan_failed):
+                fail()
+                seq.goto("IDLE")
 
-            with m.State("PLACE_SCAN"):
-                m.d.comb += busy.eq(1)
-                with m.If(scan_found):
-                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(scan_base),
-                                 mark_end.eq(scan_end), mark_set.eq(1)]
-                    m.d.sync += [bases[walk_pe][walk_j].eq(scan_base),
-                                 ends[walk_pe][walk_j].eq(scan_end),
-                                 placed.bit_select(Cat(walk_j, walk_pe), 1).eq(1)]
-                    self._advance(m, walk_pe, walk_j, walk_left, "PLACE_NEXT", "PLACE_END")
-                with m.Elif(scan_failed):
-                    # Fragmentation: undo what this bundle placed (decision T4).
-                    m.d.sync += [ok.eq(0), walk_pe.eq(0), walk_j.eq(0)]
-                    m.next = "FREE_PLACED"
+        with seq.state("CFG_INSTALL"):
+            m.d.comb += mark_set.eq(1)
+            m.d.sync += clear_last.eq(0)
+            seq.goto("CFG_CLEAR")
 
-            with m.State("PLACE_END"):
-                m.d.comb += [self.req_done.eq(1), self.req_ok.eq(ok)]
-                m.next = "IDLE"
+        with seq.state("CFG_CLEAR"):
+            # The new register's flags start undefined, one flag word per cycle.
+            m.d.sync += [clear_pos.eq(clear_pos + 1),
+                         clear_last.eq(clear_pos + 2 == clear_end)]
+            with m.If(clear_last):
+                reply()
+                seq.goto("IDLE")
 
-            with m.State("FREE_PLACED"):
-                m.d.comb += busy.eq(1)
-                with m.If(placed.bit_select(Cat(walk_j, walk_pe), 1)):
-                    m.d.comb += [mark_space.eq(walk_pe), mark_base.eq(bases[walk_pe][walk_j]),
-                                 mark_end.eq(ends[walk_pe][walk_j]), mark_clear.eq(1)]
-                self._advance(m, walk_pe, walk_j, walk_left, "FREE_PLACED", "PLACE_END")
+        # ---- placement of an approved plan -------------------------------------------
+        with seq.state("PLACE_PLAN"):
+            # The plan's copy is registered; ``out_cells`` follow (T31).
+            m.d.sync += [walk_left.eq(todo), placed.eq(0)]
+            seq.goto("PLACE_NEXT")
 
-            # ---- publication ----------------------------------------------------------
-            with m.State("PUBLISH"):
-                # The entry of output (walk_pe, walk_j) is registered in every cycle (below);
-                # PUBLISH only says whether it is written.
-                m.d.comb += busy.eq(1)
-                with m.If(walk_todo):
-                    m.d.sync += pub_en.eq(1)
-                with m.If((walk_pe == PE_COUNT - 1) & (walk_j == 2)):
-                    m.d.sync += status.eq(status | self.flags)
-                self._advance(m, walk_pe, walk_j, walk_left, "PUBLISH", "PUBLISH_END")
+        with seq.state("PLACE_NEXT"):
+            with m.If(mark_pending):
+                pass                            # the last placement's mark reaches the bitmap
+            with m.Elif(walk_todo):
+                m.d.comb += start_scan.eq(1)
+                m.d.sync += [scan_space.eq(walk_pe), scan_need.eq(out_cells[walk_j])]
+                seq.goto("PLACE_SCAN")
+            with m.Else():
+                advance("PLACE_NEXT", "PLACE_END")
 
-            with m.State("PUBLISH_END"):
-                # The last output's second stage.
-                m.d.comb += busy.eq(1)
-                m.next = "PLACE_END"
+        with seq.state("PLACE_SCAN"):
+            with m.If(scan_found):
+                m.d.comb += mark_set.eq(1)
+                m.d.sync += [bases[walk_pe][walk_j].eq(scan_base),
+                             ends[walk_pe][walk_j].eq(scan_end),
+                             placed.bit_select(Cat(walk_j, walk_pe), 1).eq(1)]
+                advance("PLACE_NEXT", "PLACE_END")
+            with m.Elif(scan_failed):
+                # Fragmentation: undo what this bundle placed (decision T4).
+                m.d.comb += walk_zero.eq(1)
+                m.d.sync += ok.eq(0)
+                seq.goto("FREE_PLACED")
+
+        with seq.state("PLACE_END"):
+            m.d.comb += [self.req_done.eq(1), self.req_ok.eq(ok)]
+            seq.goto("IDLE")
+
+        with seq.state("FREE_PLACED"):
+            with m.If(placed.bit_select(Cat(walk_j, walk_pe), 1)):
+                m.d.comb += mark_clear.eq(1)
+            advance("FREE_PLACED", "PLACE_END")
+
+        # ---- publication --------------------------------------------------------------
+        with seq.state("PUBLISH"):
+            # The entry of output (walk_pe, walk_j) is registered in every cycle (below);
+            # PUBLISH only says whether it is written.
+            with m.If(walk_todo):
+                m.d.sync += pub_en.eq(1)
+            with m.If(walk_last):
+                m.d.sync += status.eq(status | self.flags)
+            advance("PUBLISH", "PUBLISH_END")
+
+        with seq.state("PUBLISH_END"):
+            # The last output's second stage.
+            seq.goto("PLACE_END")
 
         # The answer's source and a system register's value, and the words a READ_WORD /
         # READ_FLAGS reads (in HOST_READ, for HOST_REPLY), are registered in every cycle,
@@ -1219,39 +1314,39 @@ class TileStore(wiring.Component):
             cfg_local.undef.eq(undef_init),
             cfg_shared.desc.eq(staged_s), cfg_shared.base.eq(cfg_base),
             cfg_shared.undef.eq(undef_init),
-            l_wr.en.eq(pub_en | (host_now & h_wr_local) | (cfg_now & is_pe)),
+            l_wr.en.eq(pub_en | h_wr_local | (cfg_now & is_pe)),
             l_wr.addr.eq(Mux(pub_en, Cat(pub_index, pub_pe), Cat(idx[:6], space[:2]))),
             l_wr.data.eq(l_entry), l_wr.data.clean.eq(l_entry.undef == 0),
-            s_wr.en.eq((host_now & h_wr_shared) | (cfg_now & ~is_pe)),
+            s_wr.en.eq(h_wr_shared | (cfg_now & ~is_pe)),
             s_wr.addr.eq(idx), s_wr.data.eq(s_entry), s_wr.data.clean.eq(s_entry.undef == 0),
             # The last part keeps only the descriptor's bits.
-            fm_wr.en.eq(host_now & h_ok[HostOp.WRITE_FM.value]),
+            fm_wr.en.eq(h_ok[HostOp.WRITE_FM.value]),
             fm_wr.addr.eq(Cat(idx[:6], space[:2], fm_part_no)),
             fm_wr.data.eq(Mux(fm_part_no == FM_PARTS - 1, cmd.data[:last_bits], cmd.data)),
-            g_wr.en.eq(host_now & h_ok[HostOp.WRITE_GPR.value]), g_wr.addr.eq(idx[:5]),
+            g_wr.en.eq(h_ok[HostOp.WRITE_GPR.value]), g_wr.addr.eq(idx[:5]),
             g_wr.data.eq(cmd.data),
-            g_low_wr.en.eq(host_now & h_ok[HostOp.WRITE_GPR.value]),
+            g_low_wr.en.eq(h_ok[HostOp.WRITE_GPR.value]),
             g_low_wr.addr.eq(idx[:5]), g_low_wr.data.eq(cmd.data[:16]),
         ]
-        flag_write = (host_now & h_ok[HostOp.WRITE_FLAGS.value]) | clearing
+        flag_write = h_ok[HostOp.WRITE_FLAGS.value] | clearing
         for s in spaces:
             m.d.comb += [flg_wr[s].en.eq(flag_write & f_space[s]),
                          flg_wr[s].addr.eq(Mux(clearing, clear_pos, f_flag_addr)),
                          flg_wr[s].data.eq(Mux(clearing, 0, cmd.data))]
         # A Local write that allocates or frees marks the register held or not a cycle after
         # the write, from a registered request (T27): the bitmaps' enables are a decode of
-        # flip-flops.  The change lands before any agent may read them (the response or
-        # ``req_done`` is pending meanwhile).
-        held_en, held_bit = Signal(name="held_en"), Signal(name="held_bit")
-        held_pe, held_index = Signal(2, name="held_pe"), Signal(6, name="held_index")
-        m.d.sync += [held_en.eq(pub_en | (host_now & h_ok[HostOp.FREE.value] & is_pe)
-                                | (cfg_now & is_pe)),
-                     held_pe.eq(Mux(pub_en, pub_pe, space[:2])),
+        # flip-flops, the PE's one-hot with the request (T33).  The change lands before any
+        # agent may read them (the response or ``req_done`` is pending meanwhile).
+        held_pes, held_bit = Signal(PE_COUNT, name="held_pes"), Signal(name="held_bit")
+        held_index = Signal(6, name="held_index")
+        held_pe = Mux(pub_en, pub_pe, space[:2])
+        m.d.sync += [held_pes.eq(Mux(pub_en | (h_ok[HostOp.FREE.value] & is_pe)
+                                     | (cfg_now & is_pe),
+                                     Cat(*(held_pe == q for q in range(PE_COUNT))), 0)),
                      held_index.eq(Mux(pub_en, pub_index, idx[:6])), held_bit.eq(~host_now)]
-        with m.If(held_en):
-            for q in range(PE_COUNT):
-                with m.If(held_pe == q):
-                    m.d.sync += held[q].bit_select(held_index, 1).eq(held_bit)
+        for q in range(PE_COUNT):
+            with m.If(held_pes[q]):
+                m.d.sync += held[q].bit_select(held_index, 1).eq(held_bit)
         # Publication's second stage, the cycle after PUBLISH formed the entry (T24).
         with m.If(pub_en):
             for p in range(PE_COUNT):
@@ -1269,6 +1364,11 @@ class TileStore(wiring.Component):
         engine_rd = self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_data, busy,
                                       write_payload)
         i2c_rd, i2c_flag_rd = self._element_port(m, pay_data, flg_data, src, write_payload)
+        valid = Cat(*(w[0] for w in writes))
+        m.d.sync += [wr_addr.eq(_one_hot_select(valid, [w[2] for w in writes])),
+                     wr_data.eq(_one_hot_select(valid, [w[3] for w in writes]))]
+        m.d.sync += [mask.eq(_one_hot_select(valid, [w[1][s] for w in writes]))
+                     for s, mask in enumerate(wr_mask)]
         # The payload and flag reads: every request but the preflight's word read comes from
         # registers (decision T26); the word read's address is formed in its cycle, so it is
         # the last multiplexer before the memories, and it yields to a registered request.
@@ -1295,22 +1395,6 @@ class TileStore(wiring.Component):
         with m.If(enables.any()):
             m.d.sync += last.eq(enables)
         return _one_hot_select(last, [port.data for port in ports])
-
-    @staticmethod
-    def _advance(m, pe, j, left, same, last):
-        """Next (PE, output) of a walk over 4 x 3 entries, PE0 first; ``left`` shifts to
-        the next entry's bit."""
-        m.d.sync += left.eq(left >> 1)
-        with m.If(j == 2):
-            m.d.sync += [j.eq(0), pe.eq(pe + 1)]
-            with m.If(pe == PE_COUNT - 1):
-                m.d.sync += pe.eq(0)
-                m.next = last
-            with m.Else():
-                m.next = same
-        with m.Else():
-            m.d.sync += j.eq(j + 1)
-            m.next = same
 
     def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_data, seq_busy,
                      write_payload):
@@ -1375,10 +1459,10 @@ class TileStore(wiring.Component):
             m.d.sync += [q_valid.eq(e.mem_req.valid), q_addr.eq(q.addr),
                          q_sel.eq(Cat(*(q.space == MemSpace(s) for s in range(PE_COUNT + 1))))]
         m.d.comb += e.mem_wr.ready.eq(1)
-        with m.If(e.mem_wr.valid):
-            w = e.mem_wr.payload
-            write_payload([Mux(w.space == MemSpace(s), w.mask, 0) for s in range(PE_COUNT + 1)],
-                          w.addr, w.data)
+        w = e.mem_wr.payload
+        write_payload(e.mem_wr.valid,
+                      [Mux(w.space == MemSpace(s), w.mask, 0) for s in range(PE_COUNT + 1)],
+                      w.addr, w.data)
         return _ReadRequest(valid=q_valid, go=issue, sel=q_sel, addr=q_addr)
 
     def _element_port(self, m, pay_data, flg_data, src, write_payload):
@@ -1454,9 +1538,9 @@ class TileStore(wiring.Component):
         daddr = (src.dst_base << 7) + (w.addr << shift)
         lane = daddr[:3]
         width_mask = Mux(shift == 2, 0xF, Mux(shift == 1, 0x3, 0x1))
-        with m.If(port.dst.valid):
-            write_payload([Mux(src.pe[p], (width_mask << lane)[:8], 0) for p in range(PE_COUNT)]
-                          + [0], daddr[3:3 + ww], (w.data << (lane << 3))[:64])
+        write_payload(port.dst.valid,
+                      [Mux(src.pe[p], (width_mask << lane)[:8], 0) for p in range(PE_COUNT)]
+                      + [0], daddr[3:3 + ww], (w.data << (lane << 3))[:64])
         go = req_valid & advance
         sel = Cat(src.pe, Const(0, 1))
         return (_ReadRequest(valid=req_valid, go=go, sel=sel, addr=req_addr),

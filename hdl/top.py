@@ -143,7 +143,8 @@ class CubeUnit(wiring.Component):
         # The source's feature map goes to the engine one 64-bit part a cycle (T18): the
         # store reads part k + 1 while the engine takes part k (T20).
         fm_part = Signal(range(FM_PARTS + 1), name="img2col_fm_part")   # parts sent
-        m.d.comb += [eng.fm.payload.part.eq(fm_part), eng.fm.payload.data.eq(st.src_fm)]
+        m.d.comb += [eng.fm.payload.part.eq(fm_part), eng.fm.payload.data.eq(st.src_fm),
+                     eng.fm.payload.unset.eq(~st.src_fm_set)]
 
         plan = pf.plan
         pe_sel = Cat(plan.pe_mask[3], plan.pe_mask[2], plan.pe_mask[1], plan.pe_mask[0])

@@ -182,9 +182,12 @@ async def _engine_lookups(ctx, store):
 async def _load_sources(ctx, store, index):
     """PLACE a plan with no outputs whose TIMG2COL source is ``index``, then ``src_load``
     each PE (PE3 first, so a load that does not happen shows): its ``src_desc`` and feature
-    map (``src_fm`` after ``src_fm_read`` of every ``src_fm_part``, joined; ``src_load``
-    reads part 0), read again after ``src_pe`` moved on; a part holds until the next
-    read."""
+    map (``src_fm`` after ``src_fm_read`` of every ``src_fm_part``, zero unless
+    ``src_fm_set``, joined; ``src_load`` reads part 0), read again after ``src_pe`` moved on;
+    a part holds until the next read."""
+
+    def fm_part():
+        return ctx.get(store.src_fm) if ctx.get(store.src_fm_set) else 0
 
     async def source():
         parts = []
@@ -193,9 +196,9 @@ async def _load_sources(ctx, store, index):
             ctx.set(store.src_fm_read, 1)
             await ctx.tick()
             ctx.set(store.src_fm_read, 0)
-            parts.append(ctx.get(store.src_fm))
+            parts.append(fm_part())
             await ctx.tick()
-            assert ctx.get(store.src_fm) == parts[-1]
+            assert fm_part() == parts[-1]
         return ctx.get(Value.cast(store.src_desc)), join_parts(parts)
 
     ctx.set(store.plan.operands[9].index, index)
@@ -212,7 +215,7 @@ async def _load_sources(ctx, store, index):
         ctx.set(store.src_load, 1)
         await ctx.tick()
         ctx.set(store.src_load, 0)
-        first_part = ctx.get(store.src_fm)          # src_load reads a part too
+        first_part = fm_part()                      # src_load reads a part too
         ctx.set(store.src_pe, (p + 1) % 4)
         loaded = await source()
         assert first_part == loaded[1] & ((1 << 64) - 1), (index, p)
