@@ -310,13 +310,17 @@ class CubeEngine(wiring.Component):
                          getattr(run, name).log2p.eq(log2ps[index])]
         outputs = self.out_base[pe]
         group_entry = 1 + plan.row_max
+        # GroupMaxOut's row length, picked from the plan's outputs a register ahead of its
+        # log2 (the plan holds still for the walk): no entry multiplexer in front of the
+        # decode (issue #9).
+        gm_cols = Signal(len(plan.outputs[0].phys_cols))
+        m.d.sync += gm_cols.eq(plan.outputs[group_entry].phys_cols)
         m.d.sync += [
             pre.d.space.as_value().eq(pe), pre.d.base.eq(outputs[0]),
             pre.row_max.space.as_value().eq(pe), pre.row_max.base.eq(outputs[1]),
             pre.row_max.log2p.eq(log2_of_power(m, plan.outputs[1].phys_cols, "rm_log2p")),
             pre.group_max.space.as_value().eq(pe), pre.group_max.base.eq(outputs[group_entry]),
-            pre.group_max.log2p.eq(log2_of_power(m, plan.outputs[group_entry].phys_cols,
-                                                 "gm_log2p")),
+            pre.group_max.log2p.eq(log2_of_power(m, gm_cols, "gm_log2p")),
         ]
         m.d.comb += usable.eq(panel_feed_usable(pre))
         m.d.sync += buffered.eq(usable)

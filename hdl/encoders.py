@@ -33,7 +33,9 @@ E. integer sign and offset, floating packers, result select.
 ``docs/hdl-postprocess.md`` has the widths and their derivations.
 """
 
+import functools
 import math
+import operator
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, enum, wiring
@@ -187,6 +189,15 @@ def _wire(m: Module, name: str, value) -> Signal:
     sig = Signal(Value.cast(value).shape(), name=name)
     m.d.comb += sig.eq(value)
     return sig
+
+
+def _at_least(value, c: int):
+    """``value >= c`` for a signed ``value`` and a constant ``0 < c < 128``, as equality
+    decodes of its low seven bits in two parts (LUTs, not a carry chain per constant)."""
+    low_hi, low_lo = value[4:7], value[0:4]
+    above = Cat(*(low_hi == v for v in range((c >> 4) + 1, 8))).any()
+    within = (low_hi == c >> 4) & Cat(*(low_lo == v for v in range(c & 15, 16))).any()
+    return ~value[-1] & (value[7:-1].any() | above | within)
 
 
 def _smax(a, b):
@@ -435,7 +446,14 @@ class ElementConverter(wiring.Component):
         # 11-bit significand, so M >= 1024.  Shifts beyond the 77-bit word all look alike.
         amount = _wire(m, "amount", (32 + quantum - exponent).as_signed())
         clamped = _wire(m, "clamped", Mux(amount < 0, 0, Mux(amount > 127, 127, amount))[0:7])
+        # Which of M's bits stage C1's sticky and ``big`` ORs take: the compares of the
+        # clamped amount with constants, registered beside it (issue #9).  Each is the same
+        # compare on the unclamped amount (the constants lie within 1..127; bit 0 is never
+        # above the amount), built from its bits rather than as a subtraction per constant.
+        sticky_from = Cat(*(_at_least(amount, i + 34) for i in range(len(product))))
+        big_from = Cat(Const(0, 1), *(~_at_least(amount, i) for i in range(1, len(product))))
         return pipeline_boundary(m, True, "b", product=product, amount=clamped,
+                                 sticky_from=sticky_from, big_from=big_from,
                                  zero=zero, e_v=e_v, sign=s["sign"],
                                  offset=s["offset"], bypass=s["bypass"], bypass_raw=s["bypass_raw"],
                                  bypass_flags=s["bypass_flags"], **extra)
@@ -449,13 +467,11 @@ class ElementConverter(wiring.Component):
         # bit): M's bit i is word bit 34 + i.  The bits of n from 33 up (``big``: beyond
         # every integer range) are word bits from 35 + amount up, M's bits above amount.
         # Both are ORs of M's bits under per-bit compares of the amount with constants
-        # beside the shifter, not a count of M's trailing or leading zeros before it
-        # (issue #9).
-        product, amount = s["product"], s["amount"]
-        sticky = _wire(m, "sticky", Cat(*(product[i] & (amount >= i + 34)
-                                          for i in range(len(product)))).any())
-        big = _wire(m, "big", Cat(*(product[i] & (amount < i)
-                                    for i in range(len(product)))).any())
+        # (made in stage B), not a count of M's trailing or leading zeros before the
+        # shifter (issue #9).
+        product = s["product"]
+        sticky = _wire(m, "sticky", (product & s["sticky_from"]).any())
+        big = _wire(m, "big", (product & s["big_from"]).any())
         # The shifter is two stages (C1: the steps of 16, 32 and 64; C2: 1 to 8), so that
         # neither is seven multiplexers deep (issue #9).
         for k in range(4, 7):
@@ -497,15 +513,18 @@ class ElementConverter(wiring.Component):
             compares.update(s32_gt=n > (1 << 31), s32_eq=n == (1 << 31),
                             s32_below=n == (1 << 31) - 1)
         if self._has(*INTERMEDIATE_WIDTH):
-            limit = Signal(18, name="mid_limit")            # 2**(w-1)
-            gt, eq, below = Signal(name="mid_gt"), Signal(name="mid_eq"), Signal(name="mid_below")
+            # ``ctl.out`` is one kind: each compare is an OR of the kinds' (a one-hot
+            # selection, not a priority chain of multiplexers after the compares).
+            picks = {"mid_limit": [], "mid_gt": [], "mid_eq": [], "mid_below": []}
             for kind, width in INTERMEDIATE_WIDTH.items():
                 if kind in self.out_kinds:
-                    with m.If(ctl.out == kind):
-                        top = 1 << (width - 1)
-                        m.d.comb += [limit.eq(top), gt.eq(n > top), eq.eq(n == top),
-                                     below.eq(n == top - 1)]
-            compares.update(mid_limit=limit, mid_gt=gt, mid_eq=eq, mid_below=below)
+                    chosen = ctl.out == kind
+                    top = 1 << (width - 1)               # the limit, 2**(w-1)
+                    for key, value in (("mid_limit", Const(top, 18)), ("mid_gt", n > top),
+                                       ("mid_eq", n == top), ("mid_below", n == top - 1)):
+                        picks[key].append(Mux(chosen, value, 0))
+            for key, values in picks.items():
+                compares[key] = _wire(m, key, functools.reduce(operator.or_, values))
         passed = {key: s[key] for key in ("count", "zero", "e_v", "sign", "offset", "bypass",
                                           "bypass_raw", "bypass_flags", "hif8_bits")
                   if key in s}
@@ -527,8 +546,12 @@ class ElementConverter(wiring.Component):
                           beyond(d1["mid_gt"], d1["mid_eq"], d1["mid_below"]))
             limit = d1["mid_limit"]
             extra["mid_clamp"] = clamp
-            extra["mid_magnitude"] = Mux(clamp, Mux(sign, limit, limit - 1),
-                                         d1["rounded"][0:18])
+            magnitude = Mux(clamp, Mux(sign, limit, limit - 1), d1["rounded"][0:18])
+            # The offset is added here, beside the clamp, so that stage E starts from the
+            # total: its range test, Sat choice and the result select would otherwise follow
+            # the adder (issue #9).  offset +/- magnitude as two adders side by side rather
+            # than a negation before one.
+            extra["mid_total"] = Mux(sign, d1["offset"] - magnitude, d1["offset"] + magnitude)
         passed = {key: d1[key] for key in passed}
         return pipeline_boundary(clamp_stage, True, "d", rounded=d1["rounded"],
                                  inexact=d1["inexact"], **passed, **extra)
@@ -568,12 +591,9 @@ class ElementConverter(wiring.Component):
         return raw, Mux(s["s32_over"], _OF | _NX, Mux(inexact, _NX, 0))
 
     def _encode_intermediate(self, m, ctl, s, inexact):
-        """S4/S8/S16: clamped to S5/S9/S17 (stage D), add the offset, encode with Sat."""
-        sign, clamp = s["sign"], s["mid_clamp"]
-        magnitude, offset = s["mid_magnitude"], s["offset"]
+        """S4/S8/S16: clamped to S5/S9/S17 and the offset added (stage D), encode with Sat."""
+        clamp, total = s["mid_clamp"], s["mid_total"]
         f1 = Mux(clamp, _OF | _NX, Mux(inexact, _NX, 0))
-        # offset +/- magnitude as two adders side by side rather than a negation before one.
-        total = _wire(m, "mid_total", Mux(sign, offset - magnitude, offset + magnitude))
         results = {}
         for kind, width in INTERMEDIATE_WIDTH.items():
             if kind in self.out_kinds:

@@ -304,7 +304,11 @@ class OperandFeed(FeedComponent):
                      walked.used.eq(Mux(f.col_outer, n_left > 0, m_left > 0)),
                      walked.rows_ok.eq(Cat(*(m_left > i for i in range(rows)))),
                      walked.cols_ok.eq(Cat(*(n_left > j for j in range(cols))))]
-        wrap = Mux(f.col_outer, m_left <= rows, n_left <= cols)
+        # m_left <= R and n_left <= C, kept beside them (stepped from compares of the
+        # registers with 2R and 2C): the walker's moves start from flip-flops, not from the
+        # 18-bit compares (issue #9).
+        m_wrap, n_wrap = Signal(init=1), Signal(init=1)
+        wrap = Mux(f.col_outer, m_wrap, n_wrap)
         step_r = Mux(f.col_outer, ~wrap, wrap)
         reset_r, reset_c = f.col_outer & wrap, ~f.col_outer & wrap
         nxt = [Signal(Block, name=f"next_block{l}") for l in range(slots)]
@@ -320,7 +324,7 @@ class OperandFeed(FeedComponent):
             m.d.sync += nxt_count.eq(0)
         with m.If(restart):
             m.d.sync += [walk_r.eq(0), walk_c.eq(0), nxt_count.eq(0), m_left.eq(run.m),
-                         n_left.eq(run.n)]
+                         n_left.eq(run.n), m_wrap.eq(run.m <= rows), n_wrap.eq(run.n <= cols)]
         with m.Elif(~nxt_full):
             for l in range(slots):
                 with m.If(nxt_count == l):
@@ -329,7 +333,11 @@ class OperandFeed(FeedComponent):
                          walk_r.eq(Mux(reset_r, 0, Mux(step_r, walk_r + rows, walk_r))),
                          walk_c.eq(Mux(reset_c, 0, Mux(step_r, walk_c, walk_c + cols))),
                          m_left.eq(Mux(reset_r, f.m, Mux(step_r, m_left - rows, m_left))),
-                         n_left.eq(Mux(reset_c, f.n, Mux(step_r, n_left, n_left - cols)))]
+                         n_left.eq(Mux(reset_c, f.n, Mux(step_r, n_left, n_left - cols))),
+                         m_wrap.eq(Mux(reset_r, f.m <= rows,
+                                       Mux(step_r, m_left <= 2 * rows, m_wrap))),
+                         n_wrap.eq(Mux(reset_c, f.n <= cols,
+                                       Mux(step_r, n_wrap, n_left <= 2 * cols)))]
 
         # ------------------------------------------------------------------
         # Sequencer: a null group, the real groups, a null group; one position per

@@ -101,9 +101,16 @@ def _or(values):
 
 
 def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
-               lane_hits: bool = False) -> tuple:
+               lane_hits: bool = False, entering=None) -> tuple:
     """Word registers for ``lanes`` of one read client; returns ``(all_hit, words)``, and
     with ``lane_hits`` each lane's hit as a third item (``FillSource`` registers them).
+
+    ``entering``: optionally per lane ``(step, step_addr, forget)``: the lane's address
+    changes only on ``step`` (to ``step_addr``) or on ``forget`` (to one not known a cycle
+    ahead).  Whether a register holds the lane's word, and holds it ready, are then
+    registers, compared a cycle ahead with the entering (or staying) address, so that the
+    hits are a gate from flip-flops rather than an address compare (issue #9); after a
+    ``forget`` the lane misses for a cycle.
 
     ``lanes``: per lane ``(need, space, addr)`` - whether the lane needs a word now, and
     which - optionally followed by ``(ahead_need, ahead_addr)``: the word the lane will need
@@ -140,10 +147,16 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
             h["match"] = h["valid"] & (h["addr"] == addr) & (h["space"] == space)
             h["ahead"] = h["valid"] & (h["addr"] == ahead_addr) & (h["space"] == space)
         matched = Cat(*(h["match"] for h in held)).any()
-        ready = Cat(*(h["match"] & ~h["pending"] for h in held)).any()
+        for r, h in enumerate(held):
+            if entering is None:
+                h["holds"], h["ready"] = h["match"], h["match"] & ~h["pending"]
+            else:
+                h["holds"] = Signal(name=f"{name}{index}_holds{r}")
+                h["ready"] = Signal(name=f"{name}{index}_ready{r}")
+        ready = Cat(*(h["ready"] for h in held)).any()
         word = held[0]["word"]
         for h in held[1:]:
-            word = Mux(h["match"], h["word"], word)
+            word = Mux(h["holds"], h["word"], word)
         # A register to (re)load: not waiting for a word, not holding the current one.
         victim = Signal(range(2), name=f"{name}{index}_victim")
         free = Signal(name=f"{name}{index}_free")
@@ -164,13 +177,22 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
                      target.eq(Mux(ask_now, addr, ahead_addr)), target_space.eq(space),
                      target_reg.eq(victim)]
         for r, h in enumerate(held):
-            with m.If(rsp.valid & (rsp.tag == 2 * index + r)):
+            answered = rsp.valid & (rsp.tag == 2 * index + r)
+            retarget = granted & (target_reg == r)
+            with m.If(answered):
                 m.d.sync += [h["word"].eq(rsp.data), h["pending"].eq(0)]
             with m.If(clear):
                 m.d.sync += h["valid"].eq(0)
-            with m.Elif(granted & (target_reg == r)):
+            with m.Elif(retarget):
                 m.d.sync += [h["space"].eq(target_space), h["addr"].eq(target),
                              h["valid"].eq(1), h["pending"].eq(1)]
+            if entering is not None:
+                # A retargeted register is pending: it does not hold the word for now.
+                step, step_addr, forget = entering[index]
+                incoming = h["valid"] & (h["addr"] == step_addr) & (h["space"] == space)
+                holds = Mux(forget, 0, Mux(step, incoming, h["match"])) & ~retarget & ~clear
+                m.d.sync += [h["holds"].eq(holds),
+                             h["ready"].eq(holds & (answered | ~h["pending"]))]
         words.append(word)
         hits.append(~need | ready)
         info.append((asked, asked_ahead, target, target_space, target_reg, granted))

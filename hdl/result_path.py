@@ -98,7 +98,7 @@ class ResultPath(wiring.Component):
         pre_left = Signal(16)
         pre_more = Signal()                        # pre_left != 0, kept beside it
         pre_addr = Signal(aw)
-        pre_done = Signal()
+        pre_done = Signal()                        # pre_region == 3, kept beside it
         later_words = [Signal(16, name=f"pre_words{k}") for k in (1, 2)]
         later_base = [Signal(aw, name=f"pre_base{k}") for k in (1, 2)]
         for words, base, enable, info in ((later_words[0], later_base[0], plan.row_max,
@@ -107,12 +107,11 @@ class ResultPath(wiring.Component):
                                            run.group_max)):
             m.d.sync += [words.eq(Mux(enable, ((run.m << info.log2p) + 1) >> 1, 0)),
                          base.eq(info.base << 4)]
-        m.d.comb += pre_done.eq(pre_region == 3)
         pre_valid = running & ~pre_done & pre_more
         pre_taken = Signal()
         with m.If(running & ~pre_done):
             with m.If(~pre_more):
-                m.d.sync += pre_region.eq(pre_region + 1)
+                m.d.sync += [pre_region.eq(pre_region + 1), pre_done.eq(pre_region == 2)]
                 with m.Switch(pre_region):
                     for k in (0, 1):
                         with m.Case(k):
@@ -140,6 +139,9 @@ class ResultPath(wiring.Component):
         (w_row0, w_col0, w_used), = walker
         slot_row0 = Array(Signal(16, name=f"slot{s}_row0") for s in range(slots))
         slot_col0 = Array(Signal(16, name=f"slot{s}_col0") for s in range(slots))
+        # Whether the block's first column is the last of a row (N - 1): found as the slot
+        # fills, so no compare follows the held row into the serializer's loads.
+        slot_last = Array(Signal(name=f"slot{s}_last") for s in range(slots))
         slot_rows = Array(Signal(rows, name=f"slot{s}_rows") for s in range(slots))
         filled = Signal(range(slots + 1))
         blocks_ready = filled == slots
@@ -151,7 +153,7 @@ class ResultPath(wiring.Component):
         with m.If(~blocks_ready):
             m.d.comb += walk_step.eq(1)
             m.d.sync += [filled.eq(filled + 1), slot_row0[filled].eq(w_row0),
-                         slot_col0[filled].eq(w_col0),
+                         slot_col0[filled].eq(w_col0), slot_last[filled].eq(w_col0 + 1 == run.n),
                          slot_rows[filled].eq(Cat(*(w_used & (rows_left > r)
                                                     for r in range(rows))))]
             with m.If(filled == 0):
@@ -175,6 +177,7 @@ class ResultPath(wiring.Component):
         held_bank = Signal(row_bits)
         held_row = Signal(16)
         held_col0 = Signal(16)
+        held_last = Signal()
         buf_valid = Signal()
         buf = Signal(data.ArrayLayout(32, cols))
         buf_bank = Signal(row_bits)
@@ -189,7 +192,9 @@ class ResultPath(wiring.Component):
         q_addr = Signal(aw)
         a_addr = Signal(aw)
         # The buffer is free once its piece has no element left (no element is pushed then).
-        buf_free = ~buf_valid | ~elt
+        # ``elt`` is set only with ``buf_valid`` and the buffer empties only once it is
+        # clear, so ``elt`` alone says that an element is on offer.
+        buf_free = ~elt
         load = held_valid & buf_free
         ready = Signal()
         m.d.comb += self.drain.ready.eq(ready)
@@ -213,7 +218,8 @@ class ResultPath(wiring.Component):
             m.d.sync += held_valid.eq(1)
         with m.If(~held_valid):
             m.d.sync += [held_data.eq(self.drain.payload.data), held_bank.eq(d_row),
-                         held_row.eq(in_row), held_col0.eq(slot_col0[d_slot])]
+                         held_row.eq(in_row), held_col0.eq(slot_col0[d_slot]),
+                         held_last.eq(slot_last[d_slot])]
         # The next cycle's state, for ``ready``: a junk row to drop, or the group's blocks
         # known and ``held`` empty (a kept row and a load never share a cycle).
         junk_next = (junk > 1) | ((junk == 1) & ~set_end)
@@ -222,12 +228,10 @@ class ResultPath(wiring.Component):
         held_next = (held_valid & ~load) | keep
         m.d.sync += ready.eq(running & ~restart
                              & (junk_next | (blocks_next & ~walk_done_next & ~held_next)))
-        load_last = Signal()
-        m.d.comb += load_last.eq(held_col0 + 1 == run.n)
         with m.If(load):
             m.d.sync += [buf.eq(held_data), buf_bank.eq(held_bank), buf_row.eq(held_row),
                          ser_j.eq(0), gj.eq(held_col0), elt.eq(held_col0 < run.n),
-                         row_last.eq(load_last), col_first.eq(held_col0 == 0),
+                         row_last.eq(held_last), col_first.eq(held_col0 == 0),
                          q_addr.eq((run.quant.base << 4) + held_col0),
                          a_addr.eq((run.alpha.base << 4) + held_col0)]
 
@@ -253,11 +257,18 @@ class ResultPath(wiring.Component):
             for j in range(cols):
                 with m.Case(j):
                     m.d.comb += elem.eq(buf[j])
-        element = buf_valid & elt
+        element = elt
 
-        need_quant = element & (plan.quant_source == ParamSource.VECTOR)
-        need_alpha = element & (plan.alpha_source == ParamSource.VECTOR)
-        need_seed = element & plan.row_max & plan.row_max_init & row_last
+        # Which words the elements need, from registers (the plan holds still for the run).
+        quant_vector = Signal()
+        alpha_vector = Signal()
+        seeded = Signal()
+        m.d.sync += [quant_vector.eq(plan.quant_source == ParamSource.VECTOR),
+                     alpha_vector.eq(plan.alpha_source == ParamSource.VECTOR),
+                     seeded.eq(plan.row_max & plan.row_max_init)]
+        need_quant = element & quant_vector
+        need_alpha = element & alpha_vector
+        need_seed = element & seeded & row_last
         # RowMaxIn's word and offset for the piece's row, set when the piece is loaded: no
         # address adder in front of the parameter cache's hit test and the element handshake.
         s_addr = Signal(aw)
@@ -266,11 +277,17 @@ class ResultPath(wiring.Component):
             bits = row_major_bits(5, run.rowmax_in.log2p, held_row, 0)
             m.d.sync += Cat(s_addr, s_off).eq(Cat(*word_and_offset(run.rowmax_in.base, bits,
                                                                     aw)))
+        # The cache's hits are registers computed a cycle ahead from the addresses the
+        # element after a push needs: the element handshake starts from flip-flops, not
+        # from the address compares (issue #9).  A loaded piece's first element finds its
+        # words a cycle later (they are other words than the previous piece's last anyway).
+        push = Signal()
         params_hit, (q_word, a_word, s_word) = lane_cache(
             m, "param", [(need_quant, run.quant.space, q_addr),
                          (need_alpha, run.alpha.space, a_addr),
                          (need_seed, run.rowmax_in.space, s_addr)],
-            self.rd, self.rsp, self.start)
+            self.rd, self.rsp, self.start,
+            entering=[(push, q_addr + 1, load), (push, a_addr + 1, load), (0, s_addr, load)])
         seed = extract(s_word, s_off, 5, 32)
 
         # Per-output-row group position: a row's elements may come in pieces (one per block
@@ -331,9 +348,13 @@ class ResultPath(wiring.Component):
         # about 13 cycles).  The queue is deeper than that loop, so the serializer pushes an
         # element every cycle (with 8 entries it pushed 8 per 13 cycles; decision C28).
         m.submodules.coords = coords = fifo.SyncFIFOBuffered(width=row_bits + 32,
-                                                             depth=post.latency + 6)
-        push = Signal()
-        m.d.comb += push.eq(element & params_hit & coords.w_rdy & pre_done
+                                                             depth=post.latency + 8)
+        # Room in ``coords`` for this cycle's element, in a register: the queue is at least
+        # two entries short of full a cycle before (two deeper than it needs to be for
+        # that), so the element handshake does not wait for its level compare.
+        coords_room = Signal()
+        m.d.sync += coords_room.eq(coords.level < coords.depth - 2)
+        m.d.comb += push.eq(element & params_hit & coords_room & pre_done
                             & ~(reduces & red_busy))
         m.d.comb += [
             post.acc_in.valid.eq(push),
@@ -347,9 +368,11 @@ class ResultPath(wiring.Component):
         next_last = Signal()
         next_hit = Signal()
         m.d.comb += [next_last.eq(gj + 2 == run.n), next_hit.eq(next_gcol == group_end)]
+        # An element's column is below N, so another follows in the row unless it ends the
+        # row: ``row_last`` stands for the column compare.
         with m.If(push):
             m.d.sync += [ser_j.eq(ser_j + 1), gj.eq(gj + 1), col_first.eq(0),
-                         elt.eq((ser_j + 1 < cols) & (gj + 1 < run.n)),
+                         elt.eq((ser_j + 1 < cols) & ~row_last),
                          row_last.eq(next_last),
                          q_addr.eq(q_addr + 1), a_addr.eq(a_addr + 1),
                          cur_gcol.eq(next_gcol), cur_gidx.eq(next_gidx),
@@ -376,7 +399,7 @@ class ResultPath(wiring.Component):
                                           look))))
         with m.If(load):
             m.d.sync += [buf_valid.eq(1), position.eq(loaded),
-                         reduces.eq(closing(load_last, loaded[-1]))]
+                         reduces.eq(closing(held_last, loaded[-1]))]
 
         red_in = Signal(data.StructLayout({"valid": 1, "index": len(row_index), "value": 32,
                                            "seed": 32, "row_first": 1, "row_last": 1,
@@ -597,7 +620,7 @@ class ResultPath(wiring.Component):
                 m.d.comb += self.done.eq(1)
                 with m.If(self.start):
                     m.d.comb += restart.eq(1)
-                    m.d.sync += [junk.eq(Mux(self.fresh, 1, 2)), pre_region.eq(0),
+                    m.d.sync += [junk.eq(Mux(self.fresh, 1, 2)), pre_region.eq(0), pre_done.eq(0),
                                  pre_left.eq(run.d_cells << 4), pre_more.eq(run.d_cells != 0),
                                  pre_addr.eq(run.d.base << 4), running.eq(1)]
                     m.next = "RUN"

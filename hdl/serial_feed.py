@@ -191,12 +191,19 @@ class SerialFeed(OperandFeed):
                          a_off.eq(bits[:6]), a_space.eq(space), a_log2w.eq(log2w)]
 
         # Lookup stage: the lane's word memory entry or the last word, else a read.  Both
-        # hits are found a cycle ahead, in the address stage (the entry is read there), so
-        # that the lookup's ``done`` and ``go`` are a gate from registers.
+        # hits are found a cycle ahead, in the address stage, so that the lookup's ``done``
+        # and ``go`` are a gate from registers.  The lane's entry is read a stage earlier
+        # still, into ``a_entry`` beside the address stage, so that the memory's read does
+        # not stand in front of the tag compare (issue #9); an entry the lookup writes as it
+        # is read is taken from the write.
         a_tag = Cat(a_addr, a_space)
         m.submodules.words = words = Memory(shape=64 + len(a_tag), depth=lanes, init=[])
         held = words.read_port(domain="comb")
         store = words.write_port()
+        a_entry = Signal(64 + len(a_tag), name="s_addr_entry")
+        with m.If(go):
+            m.d.sync += a_entry.eq(Mux(store.en & (store.addr == p.lane), store.data,
+                                       held.data))
         held_ok = Signal(lanes, name="s_held_ok")       # entries written since start
         last_word, last_tag = Signal(64, name="s_last_word"), Signal.like(a_tag, name="s_last_tag")
         last_ok = Signal(name="s_last_ok")
@@ -213,13 +220,13 @@ class SerialFeed(OperandFeed):
                      used.eq(done & l_need), go.eq(~l_valid | done)]
         # The last word changes only to the lookup's own word (when it is used, or read).
         refresh = used | self.rsp.valid
-        m.d.comb += held.addr.eq(a_lane)
+        m.d.comb += held.addr.eq(p.lane)
         with m.If(go):
             m.d.sync += [l_valid.eq(a_valid), l_lane.eq(a_lane), l_group.eq(a_group),
                          l_index.eq(a_index), l_addr.eq(a_addr), l_off.eq(a_off),
                          l_space.eq(a_space), l_log2w.eq(a_log2w), l_need.eq(a_need),
-                         l_held.eq(held.data[:64]),
-                         lane_hit.eq(held_ok.bit_select(a_lane, 1) & (held.data[64:] == a_tag)),
+                         l_held.eq(a_entry[:64]),
+                         lane_hit.eq(held_ok.bit_select(a_lane, 1) & (a_entry[64:] == a_tag)),
                          last_hit.eq(Mux(refresh, a_tag == tag,
                                          last_ok & (a_tag == last_tag)))]
         with m.Elif(self.rsp.valid):
