@@ -1250,6 +1250,11 @@ class Preflight(wiring.Component):
         # ``slot_done``: ``slot`` is the last of a counting phase's (START 2, IOR and
         # SHARED_RUN after their reads and drain), a register set with ``slot``.
         slot_done = Signal(name="slot_done")
+        # IOR's: its first cycle (``slot`` 0), and a GPR read due in this one (``slot`` <
+        # ``ior_reads``), registers set with ``slot`` (their compares were in front of the
+        # reads' requests, issue #9).
+        ior_first = Signal(name="ior_first")
+        ior_read = Signal(name="ior_read")
         word_zero = Signal(name="word_zero", init=1)
         word_ge = Signal(name="word_ge_drain")
         word_gt = Signal(name="word_gt_drain")
@@ -1309,12 +1314,12 @@ class Preflight(wiring.Component):
         # IOR: Matrix: the scalar words (checked as they arrive); TIMG2COL: posM, posK.  Its
         # first cycle ends step 4b: the binding counts, two registers deep.  Its reads come
         # before its end (``slot_done`` first: the walk's ``slot`` obeys it alone).
-        ior_bad = x.is_matrix & (slot == 0) & ~counts_ok
+        ior_bad = x.is_matrix & ior_first & ~counts_ok
         ior_end = ~ior_bad & slot_done
         go(Phase.IOR, ior_bad, Phase.VERDICT)
         go(Phase.IOR, ior_end & x.is_img2col, Phase.ALLOCATE)
         go(Phase.IOR, ior_end & ~x.is_img2col, Phase.STATIC)
-        with m.If(at[Phase.IOR.value] & ~ior_bad & ~slot_done & (slot < ior_reads)):
+        with m.If(at[Phase.IOR.value] & ~ior_bad & ~slot_done & ior_read):
             m.d.sync += [req["gpr"]["en"].eq(gpr != 0), issue.eq(_Pend.GPR)]
         go(Phase.STATIC, static_fault[0], Phase.VERDICT)
         go(Phase.STATIC, ~static_fault[0], Phase.SHARED_ENTRY)
@@ -1428,13 +1433,15 @@ class Preflight(wiring.Component):
                          slot_done.eq(Mux(slot_done, next_done, slot >= end_less1))]
 
         m.d.sync += [slot.eq(0), word.eq(0), word_zero.eq(1), word_ge.eq(0), word_gt.eq(0),
-                     stay.eq(0), slot_done.eq(0)]
+                     stay.eq(0), slot_done.eq(0), ior_first.eq(0), ior_read.eq(0)]
         with m.If(at[Phase.IDLE.value]):
             m.d.sync += slot.eq(accepted)                       # START's slot 1
         with m.Elif(at[Phase.START.value]):
             count_slot(1, ior_end_zero)                         # slots 1, 2
+            m.d.sync += [ior_first.eq(slot_done), ior_read.eq(slot_done & (ior_reads != 0))]
         with m.Elif(at[Phase.IOR.value]):
             count_slot(ior_end_less1, 0)
+            m.d.sync += ior_read.eq(~slot_done & (slot + 1 < ior_reads))
         with m.Elif(at[Phase.SHARED_RUN.value]):
             count_slot(shared_end_less1, 0)
         with m.Elif(at[Phase.POST_ENTRY.value]):
