@@ -34,6 +34,7 @@ from ..model.faults import FaultClass
 from .config import CubeConfig
 from .descriptor import (DatrLayout, DestinationLayout, DimLayout, FpatrLayout, IorLayout,
                          RecordLayout)
+from .logic import or_tree
 from .skid_buffer import SkidBuffer
 
 __all__ = ["ParcelBeat", "ParcelAligner", "InstructionMatcher", "BundleDecoder", "PROGRESS_BOUND"]
@@ -187,9 +188,9 @@ class ParcelAligner(wiring.Component):
         arrive = [accept & (self.i.p.count == n) for n in range(per_beat)]
         arrive[0] = ~accept | (self.i.p.count == 0)
         arrive.append(accept & (self.i.p.count >= per_beat))
-        levels = [Cat(_or(arrive[n] & at_least(k + 1 + c - n) for n in range(per_beat + 1))
+        levels = [Cat(or_tree(arrive[n] & at_least(k + 1 + c - n) for n in range(per_beat + 1))
                       for k in range(cap)) for c in range(3)]
-        m.d.sync += level.eq(_or(Mux(leave[c], levels[c], 0) for c in range(3)))
+        m.d.sync += level.eq(or_tree(Mux(leave[c], levels[c], 0) for c in range(3)))
         with m.If(cut):
             m.d.sync += level.eq(0)
 
@@ -211,8 +212,8 @@ class ParcelAligner(wiring.Component):
                                    for a, b in zip((parcel[src], code[src]), option))
                 candidates.append(option)
             m.d.sync += [
-                parcel[k].eq(_or(Mux(leave[c], o[0], 0) for c, o in enumerate(candidates))),
-                code[k].eq(_or(Mux(leave[c], o[1], 0) for c, o in enumerate(candidates))),
+                parcel[k].eq(or_tree(Mux(leave[c], o[0], 0) for c, o in enumerate(candidates))),
+                code[k].eq(or_tree(Mux(leave[c], o[1], 0) for c, o in enumerate(candidates))),
             ]
         return m
 
@@ -323,7 +324,7 @@ class InstructionMatcher(Elaboratable):
                         by_pieces.setdefault(f.pieces, []).append(form)
             present = {pieces: winner_among(forms) for pieces, forms in by_pieces.items()}
             m.d.comb += [
-                sig.eq(_or(Mux(sel, _extract(word, pieces), 0)
+                sig.eq(or_tree(Mux(sel, _extract(word, pieces), 0)
                            for pieces, sel in present.items())),
                 self.has[name].eq(_any(present.values())),
             ]
@@ -370,17 +371,10 @@ def _any(bits):
     return Cat(*bits).any() if bits else Const(0, 1)
 
 
-def _or(values):
-    result = Const(0, 1)
-    for v in values:
-        result = result | v
-    return result
-
-
 def _select(one_hot, constants):
     """The constant at the set bit of ``one_hot`` (0 when none is set)."""
     width = max(1, max(constants).bit_length())
-    return _or(Mux(one_hot[k], Const(c, width), 0) for k, c in enumerate(constants) if c)
+    return or_tree(Mux(one_hot[k], Const(c, width), 0) for k, c in enumerate(constants) if c)
 
 
 def _extract(word, pieces):

@@ -33,9 +33,7 @@ E. integer sign and offset, floating packers, result select.
 ``docs/hdl-postprocess.md`` has the widths and their derivations.
 """
 
-import functools
 import math
-import operator
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, enum, wiring
@@ -44,6 +42,7 @@ from amaranth.lib.wiring import In, Out
 from ..model.convert import (Flag, RMode, Special, encode_special, fp8_value_table,
                              signed_zero)
 from ..model.datatype import DataType, NumClass
+from .logic import or_tree
 from .numeric_types import count_leading_zeros, pipeline_boundary
 
 __all__ = ["SrcKind", "OutKind", "OUT_KIND_OF", "INTERMEDIATE_WIDTH", "ConvControl", "HIF8_BINADES",
@@ -524,7 +523,7 @@ class ElementConverter(wiring.Component):
                                        ("mid_eq", n == top), ("mid_below", n == top - 1)):
                         picks[key].append(Mux(chosen, value, 0))
             for key, values in picks.items():
-                compares[key] = _wire(m, key, functools.reduce(operator.or_, values))
+                compares[key] = _wire(m, key, or_tree(values))
         passed = {key: s[key] for key in ("count", "zero", "e_v", "sign", "offset", "bypass",
                                           "bypass_raw", "bypass_flags", "hif8_bits")
                   if key in s}

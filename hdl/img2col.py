@@ -35,7 +35,6 @@ elements, ``out_height``/``out_width`` are the model's ``output_shape``, and the
 passed ``check_window``.  A zero ValidRow or ValidCol yields no element.
 """
 
-import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..model.img2col import FeatureMapDescriptor, FeatureMapLayout
 from .config import CubeConfig
+from .logic import or_tree
 
 __all__ = ["FeatureMapDescriptorLayout", "FEATURE_MAP_DESCRIPTOR", "FM_PARTS",
            "FeatureMapPartLayout", "feature_map_parts", "EXTENT_WIDTH",
@@ -367,7 +367,7 @@ class SerialProgram:
                 source = Signal(width, name=f"{name}_src{n}")
                 m.d.comb += source.eq(value)       # truncated or extended as by .eq()
                 terms.append(source & ahead(cycles, f"{name}_sel{n}").replicate(width))
-            return functools.reduce(operator.or_, terms, Const(0, width))
+            return or_tree(terms) if terms else Const(0, width)
 
         muladds = [(issue, step) for step, (issue, _) in zip(self.steps, self.schedule)
                    if isinstance(step, MulAdd)]
@@ -508,7 +508,7 @@ class SerialProgram:
         for memory in files:
             port = memory.write_port()
             m.d.comb += [port.en.eq(enable), port.addr.eq(address),
-                         port.data.eq(functools.reduce(operator.or_, data))]
+                         port.data.eq(or_tree(data))]
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import CubeConfig
+from .logic import one_hot_select
 from .tile_port import MemReqLayout, MemSpace, word_addr_width
 
 __all__ = ["ReadReqLayout", "ReadRspLayout", "ReadArbiter", "lane_cache", "TAG_WIDTH"]
@@ -89,15 +90,6 @@ class ReadArbiter(wiring.Component):
                          self.rsp[i].tag.eq(owners.r_data[owner_width:]),
                          self.rsp[i].data.eq(self.mem_rsp.payload)]
         return m
-
-
-def _or(values):
-    """``values`` ORed as a balanced tree (one-hot selections of many registers)."""
-    values = list(values)
-    while len(values) > 1:
-        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
 
 
 def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
@@ -209,10 +201,10 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
 
     with m.If(load):
         m.d.sync += [rq_valid.eq(Cat(*asks).any()),
-                     rq.space.as_value().eq(_or(Mux(g, i[3], 0) for g, i in zip(grants, info))),
-                     rq.addr.eq(_or(Mux(g, i[2], 0) for g, i in zip(grants, info))),
-                     rq.tag.eq(_or(Mux(g, 2 * index + i[4], 0)
-                                   for index, (g, i) in enumerate(zip(grants, info))))]
+                     rq.space.as_value().eq(one_hot_select(grants, [i[3] for i in info])),
+                     rq.addr.eq(one_hot_select(grants, [i[2] for i in info])),
+                     rq.tag.eq(one_hot_select(grants, [2 * index + i[4]
+                                                       for index, i in enumerate(info)]))]
     with m.Elif(req.ready):
         m.d.sync += rq_valid.eq(0)
     m.d.comb += [req.valid.eq(rq_valid), req.payload.eq(rq)]

@@ -39,8 +39,6 @@ preflight reads only while checking, the engines run only between PLACE and PUBL
 """
 
 import contextlib
-import functools
-import operator
 from typing import NamedTuple
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
@@ -55,6 +53,7 @@ from .config import CubeConfig
 from .host import (DESC_PART_BASE, DESC_PART_UNDEFINED, FM_PARTS, HostCommandLayout, HostError,
                    HostOp, HostResponseLayout, SysReg, build_info)
 from .img2col import FEATURE_MAP_DESCRIPTOR, source_index_width
+from .logic import one_hot_select
 from .img2col_engine import DestinationWriteLayout, SourceResponseLayout
 from .preflight import (AllocQuerySignature, GprReadSignature, SharedReadSignature,
                         TileReadSignature, WordReadSignature, one_hot_index)
@@ -188,7 +187,7 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
     rows_room, cols_room = rooms
     # ``rows_room << log``, clamped to 64: it reaches 64 when the room has a bit at 6 - k.
     rows_end = Signal(7, name=f"{name}_rows_end")
-    m.d.sync += rows_end.eq(_one_hot_select(log6, [
+    m.d.sync += rows_end.eq(one_hot_select(log6, [
         Mux(rows_room[6 - k:].any(), 64, (rows_room << k)[:7]) for k in range(7)]))
     cols_below = Signal(64, name=f"{name}_cols_below")
     m.d.sync += cols_below.eq(_thermometer(m, cols_room, 64, f"{name}_cols_thermometer"))
@@ -199,7 +198,7 @@ def _implicit_flags(m: Module, word, phys_cols, pc_mask, rows, cols, name: str) 
     cols_ok = [Signal(64, name=f"{name}_cols_ok{h}") for h in range(2)]
     for i in range(64):
         for h, ks in enumerate((range(4), range(4, 7))):
-            m.d.sync += cols_ok[h][i].eq(_one_hot_select(
+            m.d.sync += cols_ok[h][i].eq(one_hot_select(
                 log6[ks.start:ks.stop], [cols_below[i & ((1 << k) - 1)] for k in ks]))
     flags = Signal(64, name=name)
     m.d.sync += flags.eq(rows_ok & (cols_ok[0] | cols_ok[1]))
@@ -246,11 +245,6 @@ def _issue_reads(m, ports, requests):
             with m.If(request.valid & request.sel[s]):
                 m.d.comb += port.addr.eq(request.addr)
         m.d.comb += port.en.eq(Cat(*(r.go & r.sel[s] for r in requests)).any())
-
-
-def _one_hot_select(one_hot, values):
-    """``values[i]`` for the set bit ``i`` of ``one_hot`` (an AND-OR, no decoder)."""
-    return functools.reduce(operator.or_, (Mux(one_hot[i], v, 0) for i, v in enumerate(values)))
 
 
 class _OneHotFSM:
@@ -555,7 +549,7 @@ class TileStore(wiring.Component):
         m.d.sync += src_latch.eq(0)
         with m.If(src_latch):
             m.d.sync += [src.entry.eq(l_rd.data),
-                         src.dst_base.eq(_one_hot_select(src.pe, [b[0] for b in bases]))]
+                         src.dst_base.eq(one_hot_select(src.pe, [b[0] for b in bases]))]
 
         # The plan, registered: it holds from the PLACE request to PUBLISH or ABORT, and the
         # preflight forms it in logic from its record, so the store reads only this copy,
@@ -824,7 +818,7 @@ class TileStore(wiring.Component):
         cfg_owners = Signal(4, name="cfg_owners")
         m.d.sync += [need_bytes.eq(need << 7), need_bytes3.eq((need * 3) << 7),
                      cfg_owners.eq(Mux(is_pe, 1, Cat(*(popcnt == n for n in range(1, 5))))),
-                     cfg_bytes.eq(_one_hot_select(cfg_owners, [
+                     cfg_bytes.eq(one_hot_select(cfg_owners, [
                          need_bytes, need_bytes << 1, need_bytes3, need_bytes << 2]))]
         f_local = Signal(self.local_entry)      # a copy of its Local entry, for rewrites
         f_cells = Signal(12)                    # its CELLs, and the PEs that hold them
@@ -898,7 +892,7 @@ class TileStore(wiring.Component):
             op_errors.append(error)
         error = Mux(f_bad_space, HostError.BAD_SPACE,
                     Mux(f_bad_index, HostError.BAD_INDEX,
-                        Mux(f_op.any(), _one_hot_select(f_op, op_errors), HostError.BAD_OP)))
+                        Mux(f_op.any(), one_hot_select(f_op, op_errors), HostError.BAD_OP)))
         host_now = on["HOST"]
         # FREE's end CELL: base + cells of each table's entry, registered with the facts, then
         # the choice and the saturation (one carry chain per stage, T31).
@@ -967,13 +961,13 @@ class TileStore(wiring.Component):
         # A mark's CELLs are chosen by the state that may mark, under its flip-flop, whether
         # or not it marks in the cycle (only ``mark_set`` / ``mark_clear`` say so, T33).
         m.d.comb += [
-            mark_space.eq(_one_hot_select(
+            mark_space.eq(one_hot_select(
                 Cat(on["HOST"] | on["CFG_INSTALL"], on["PLACE_SCAN"] | on["FREE_PLACED"]),
                 [space, walk_pe])),
-            mark_base.eq(_one_hot_select(
+            mark_base.eq(one_hot_select(
                 Cat(on["HOST"], on["CFG_INSTALL"], on["PLACE_SCAN"], on["FREE_PLACED"]),
                 [f_base, cfg_base, scan_base, bases[walk_pe][walk_j]])),
-            mark_end.eq(_one_hot_select(
+            mark_end.eq(one_hot_select(
                 Cat(on["HOST"], on["CFG_INSTALL"], on["PLACE_SCAN"], on["FREE_PLACED"]),
                 [h_end, cfg_end, scan_end, ends[walk_pe][walk_j]]))]
         # HOST_REPLY's answer, chosen as the state is entered (T33).
@@ -988,7 +982,7 @@ class TileStore(wiring.Component):
 
         with m.If(~rsp_valid):
             m.d.sync += [
-                rsp.data.eq(_one_hot_select(
+                rsp.data.eq(one_hot_select(
                     Cat(h_fail, on["CFG_SCAN"], h_value, answer_word, answer_flags, answer_synth,
                         on["CFG_CLEAR"]),
                     [h_err, Const(HostError.NO_SPACE.value, HostError.as_shape()), f_value,
@@ -1230,7 +1224,7 @@ class TileStore(wiring.Component):
         m.d.sync += [
             value_sel.eq(Cat(*(sel[name] for name in sel_names))),
             # From ``f_addr``, HOST_FACTS's register: the value is read in HOST_CHECK.
-            sys_value.eq(_one_hot_select(Cat(*(f_addr[r.value] for r in SysReg)),
+            sys_value.eq(one_hot_select(Cat(*(f_addr[r.value] for r in SysReg)),
                                          [sys_values[r] for r in SysReg])),
             fm_sel.eq(Cat(*((cmd.op == HostOp.READ_FM) & t_addr[k]
                             for k in range(FM_PARTS))))]
@@ -1365,9 +1359,9 @@ class TileStore(wiring.Component):
                                       write_payload)
         i2c_rd, i2c_flag_rd = self._element_port(m, pay_data, flg_data, src, write_payload)
         valid = Cat(*(w[0] for w in writes))
-        m.d.sync += [wr_addr.eq(_one_hot_select(valid, [w[2] for w in writes])),
-                     wr_data.eq(_one_hot_select(valid, [w[3] for w in writes]))]
-        m.d.sync += [mask.eq(_one_hot_select(valid, [w[1][s] for w in writes]))
+        m.d.sync += [wr_addr.eq(one_hot_select(valid, [w[2] for w in writes])),
+                     wr_data.eq(one_hot_select(valid, [w[3] for w in writes]))]
+        m.d.sync += [mask.eq(one_hot_select(valid, [w[1][s] for w in writes]))
                      for s, mask in enumerate(wr_mask)]
         # The payload and flag reads: every request but the preflight's word read comes from
         # registers (decision T26); the word read's address is formed in its cycle, so it is
@@ -1394,7 +1388,7 @@ class TileStore(wiring.Component):
         enables = Cat(port.en for port in ports)
         with m.If(enables.any()):
             m.d.sync += last.eq(enables)
-        return _one_hot_select(last, [port.data for port in ports])
+        return one_hot_select(last, [port.data for port in ports])
 
     def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_data, seq_busy,
                      write_payload):
@@ -1519,7 +1513,7 @@ class TileStore(wiring.Component):
                          word_index_high.eq(Cat(*(read_index[3:] == k for k in range(8)))),
                          word_implicit.eq(read_implicit),
                          rsp.data.eq(word >> (word_byte << 3)),
-                         rsp.defined.eq(Mux(synth, word_implicit, _one_hot_select(
+                         rsp.defined.eq(Mux(synth, word_implicit, one_hot_select(
                              word_index_high, [flag_word.word_select(k, 8).bit_select(
                                  word_index, 1) for k in range(8)])))]
         with m.If(take):
