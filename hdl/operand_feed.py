@@ -311,24 +311,31 @@ class OperandFeed(FeedComponent):
         wrap = Mux(f.col_outer, m_wrap, n_wrap)
         step_r = Mux(f.col_outer, ~wrap, wrap)
         reset_r, reset_c = f.col_outer & wrap, ~f.col_outer & wrap
-        nxt = [Signal(Block, name=f"next_block{l}") for l in range(slots)]
+        # Two banks of a group's blocks: the walker fills the one the sequencer does not read
+        # (``~bank``) and a group step flips ``bank``, so the blocks' registers load from
+        # flip-flop conditions (a copy of the next group into the current one, enabled
+        # behind the beat stages' ``adv``, was the feed's longest path, issue #9).
+        banks = [[Signal(Block, name=f"bank{b}_block{l}") for l in range(slots)]
+                 for b in range(2)]
+        bank = Signal()
         cur = [Signal(Block, name=f"block{l}") for l in range(slots)]
+        m.d.comb += [c.eq(Mux(bank, banks[1][l], banks[0][l])) for l, c in enumerate(cur)]
         nxt_count = Signal(range(slots + 1))
         nxt_full = nxt_count == slots
         have_group = Signal()
         load_group = Signal()
-        # A group loads only from a full ``nxt`` and the walker steps only into one not
+        # A group loads only from a full next bank and the walker steps only into one not
         # full, so the walker's moves do not wait for the sequencer's decision.
         with m.If(load_group):
-            m.d.sync += [c.eq(n) for c, n in zip(cur, nxt)]
-            m.d.sync += nxt_count.eq(0)
+            m.d.sync += [bank.eq(~bank), nxt_count.eq(0)]
         with m.If(restart):
             m.d.sync += [walk_r.eq(0), walk_c.eq(0), nxt_count.eq(0), m_left.eq(run.m),
                          n_left.eq(run.n), m_wrap.eq(run.m <= rows), n_wrap.eq(run.n <= cols)]
         with m.Elif(~nxt_full):
             for l in range(slots):
-                with m.If(nxt_count == l):
-                    m.d.sync += nxt[l].eq(walked)
+                for b in range(2):
+                    with m.If((nxt_count == l) & (bank != b)):
+                        m.d.sync += banks[b][l].eq(walked)
             m.d.sync += [nxt_count.eq(nxt_count + 1),
                          walk_r.eq(Mux(reset_r, 0, Mux(step_r, walk_r + rows, walk_r))),
                          walk_c.eq(Mux(reset_c, 0, Mux(step_r, walk_c, walk_c + cols))),
