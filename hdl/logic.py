@@ -5,20 +5,26 @@ multiplexers: a chain puts one LUT level per choice in front of the register it 
 balanced OR tree only the logarithm of their number (issue #9).
 """
 
+import operator
+
 from amaranth.hdl import Const, Mux
 
-__all__ = ["or_tree", "one_hot_select"]
+__all__ = ["balanced", "or_tree", "one_hot_select"]
+
+
+def balanced(op, values):
+    """``values`` (at least one) combined by ``op`` as a balanced tree."""
+    values = list(values)
+    while len(values) > 1:
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
 
 
 def or_tree(values):
     """``values`` ORed as a balanced tree (0 when there are none)."""
     values = list(values)
-    if not values:
-        return Const(0, 1)
-    while len(values) > 1:
-        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
+    return balanced(operator.or_, values) if values else Const(0, 1)
 
 
 def one_hot_select(one_hot, values):

@@ -25,6 +25,7 @@ the beat.  Every stage moves together, when the beat may advance.  Reads are ask
 registered facts and sent from a request register.
 """
 
+import operator
 from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
@@ -35,6 +36,7 @@ from ..model.datatype import DataType
 from .cell_address import extract
 from .config import CubeConfig
 from .cube_run import RunLayout, column_outer
+from .logic import balanced, one_hot_select
 from .read_arbiter import ReadReqLayout, ReadRspLayout
 from .tile_port import word_addr_width
 
@@ -59,15 +61,6 @@ class FeedComponent(wiring.Component):
 
 
 _FP32_ONE = 0x3F800000
-
-
-def _tree(op, values):
-    """``values`` combined by ``op`` as a balanced tree (a shallow circuit for wide ORs)."""
-    values = list(values)
-    while len(values) > 1:
-        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
 
 
 def _first(flags):
@@ -167,8 +160,7 @@ def _lane_cache(m: Module, lanes: list, req, rsp, clear, advance) -> tuple:
     load = _named(m, ~rq_valid | req.ready, "lane_rq_load")
 
     def chosen(values):
-        return _tree(lambda x, y: x | y,
-                     [Mux(grant, value, 0) for grant, value in zip(grants, values)])
+        return one_hot_select(grants, values)
 
     with m.If(load):
         m.d.sync += [rq_valid.eq(Cat(*asks).any()),
@@ -178,7 +170,7 @@ def _lane_cache(m: Module, lanes: list, req, rsp, clear, advance) -> tuple:
     m.d.comb += [i[5].eq(load & grant) for i, grant in zip(info, grants)]
     m.d.comb += [req.valid.eq(rq_valid), req.payload.eq(rq)]
     all_hit = Signal(name="lane_all_hit")
-    m.d.comb += all_hit.eq(_tree(lambda x, y: x & y, hits) if hits else 1)
+    m.d.comb += all_hit.eq(balanced(operator.and_, hits) if hits else 1)
     return all_hit, words, rq_valid | Cat(*asks).any()
 
 
