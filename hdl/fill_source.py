@@ -135,18 +135,36 @@ class FillSource(wiring.Component):
         took = Signal()
         hit = Cat(*lane_hit).all() & ~took
         none = [Signal(name=f"offer{b}_none") for b in range(2)]
-        # Rows leave through a register, so that the lanes' compares do not reach into
-        # the array: the row on offer moves into it when it is free or taken.
-        out_valid = Signal(name="out_valid")
-        out = Signal.like(self.fill.payload, name="out")
+        # Rows leave through two registers in a ring, so that the lanes' compares do not
+        # reach into the array: the row on offer is loaded into every empty one, and is
+        # taken when the one at the ring's tail is empty.  Each register's wide enable is
+        # then its own valid flip-flop; the array's late ``ready`` reaches only the valid
+        # bits and the head (decision 39).
+        out_valid = [Signal(name=f"out{k}_valid") for k in range(2)]
+        outs = [Signal.like(self.fill.payload, name=f"out{k}") for k in range(2)]
+        out_head, out_tail = Signal(), Signal()
         row = Signal.like(self.fill.payload, name="row")
-        m.d.comb += [self.fill.valid.eq(out_valid), self.fill.payload.eq(out)]
-        move = ~out_valid | self.fill.ready
+        m.d.comb += [self.fill.valid.eq(Mux(out_head, out_valid[1], out_valid[0])),
+                     self.fill.payload.eq(Mux(out_head, outs[1], outs[0]))]
+        # Whether the register at the tail is empty, kept as a flip-flop of its own.
+        room = Signal(init=1)
         on_offer = Mux(rp, offer_valid[1], offer_valid[0])
         taken = Mux(rp, offer_valid[1] & (hit | none[1]),
-                    offer_valid[0] & (hit | none[0])) & move
-        with m.If(move):
-            m.d.sync += [out_valid.eq(taken), out.eq(row)]
+                    offer_valid[0] & (hit | none[0])) & room
+        leaving = self.fill.valid & self.fill.ready
+        # A row enters only an empty register and only a full one leaves, so the two
+        # never meet in one register.
+        valid_next = [(out_valid[k] | (taken & (out_tail == k))) & ~(leaving & (out_head == k))
+                      for k in range(2)]
+        m.d.sync += [out_valid[k].eq(valid_next[k]) for k in range(2)]
+        m.d.sync += room.eq(~Mux(out_tail ^ taken, valid_next[1], valid_next[0]))
+        for k in range(2):
+            with m.If(~out_valid[k]):
+                m.d.sync += outs[k].eq(row)
+        with m.If(taken):
+            m.d.sync += out_tail.eq(~out_tail)
+        with m.If(leaving):
+            m.d.sync += out_head.eq(~out_head)
         gi = blk_r + i
         for j in range(cols):
             gj = blk_c + j
@@ -245,6 +263,6 @@ class FillSource(wiring.Component):
                         m.d.sync += in_rows.eq(0)
                         m.next = "FLUSH"
             with m.State("FLUSH"):
-                with m.If(~offer_valid[0] & ~offer_valid[1] & ~out_valid):
+                with m.If(~offer_valid[0] & ~offer_valid[1] & ~out_valid[0] & ~out_valid[1]):
                     m.next = "IDLE"
         return m

@@ -908,7 +908,12 @@ class Preflight(wiring.Component):
         # of the tile store's; a choice after this register was in front of the checks' zero
         # tests).
         gpr_data = _reg(sm, Mux(pend_zero, 0, self.gpr_rd.data), "gpr_data_r")
-        word_data = _reg(sm, self.word_rd.data, "word_data_r")
+        # The word is registered only in the cycle its answer is on the port: a register
+        # that followed the port in every cycle was one flip-flop with the store's own
+        # copies of the same bus (yosys merges them), whose fan-out crossed the device.
+        word_data = Signal(64, name="word_data_r")
+        with sm.If(_reg(sm, self.word_rd.en, "word_answer")):
+            sm.d.sync += word_data.eq(self.word_rd.data)
         # Local sources: the valid shape and type, whether the location must be Any, and
         # which layout rule applies.
         exp = {k: Signal(w, name=f"expect_{k}") for k, w in (

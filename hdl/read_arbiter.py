@@ -171,8 +171,13 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
         for r, h in enumerate(held):
             answered = rsp.valid & (rsp.tag == 2 * index + r)
             retarget = granted & (target_reg == r)
+            # A pending register follows the response bus until its answer comes, so its
+            # 64 clock enables are the pending flip-flop, not the late ``rsp.valid`` and
+            # tag compare; a pending register's word is never used.
+            with m.If(h["pending"]):
+                m.d.sync += h["word"].eq(rsp.data)
             with m.If(answered):
-                m.d.sync += [h["word"].eq(rsp.data), h["pending"].eq(0)]
+                m.d.sync += h["pending"].eq(0)
             with m.If(clear):
                 m.d.sync += h["valid"].eq(0)
             with m.Elif(retarget):

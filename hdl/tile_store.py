@@ -911,8 +911,11 @@ class TileStore(wiring.Component):
         h_local = Signal(self.local_entry, name="h_local", reset_less=True)
         h_shared = Signal(self.shared_entry, name="h_shared", reset_less=True)
         passed = Signal(len(HostOp), name="h_passed")
+        # An op passes when none of its checks fails: a NOR of the check bits, not a compare
+        # of the error code its priority chain selects (which put the chain in series).
         m.d.comb += passed.eq(Mux(f_bad_space | f_bad_index, 0, Cat(*(
-            ops[op] & (e == HostError.NONE) for op, e in zip(HostOp, op_errors)))))
+            ops[op] & ~Cat(*(failed for failed, _ in checks.get(op, []))).any()
+            for op in HostOp))))
         # The outcome's bits hold only in HOST (T33): HOST's writes and answers are
         # enabled by flip-flops, not by the state's decode and a bit.
         checking = on["HOST_CHECK"]
@@ -1447,7 +1450,12 @@ class TileStore(wiring.Component):
                      e.mem_rsp.payload.eq(word),
                      e.mem_req.ready.eq(~q_valid | advance)]
         with m.If(advance):
-            m.d.sync += [read_valid.eq(issue), mem_valid.eq(read_valid), word.eq(pay_data)]
+            m.d.sync += [read_valid.eq(issue), mem_valid.eq(read_valid)]
+        # Only a word read for the engine is copied: with the engine always ready, a copy in
+        # every cycle would be one flip-flop with the host's and the preflight's copies of
+        # the bus (yosys merges them), whose fan-out crossed the device.
+        with m.If(advance & read_valid):
+            m.d.sync += word.eq(pay_data)
         with m.If(e.mem_req.ready):
             q = e.mem_req.payload
             m.d.sync += [q_valid.eq(e.mem_req.valid), q_addr.eq(q.addr),
