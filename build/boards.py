@@ -253,8 +253,9 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     deadline = None if timeout is None else start + timeout
     # The seed comes from the environment, so that one generated script serves every seed;
     # run by hand, the script places with the first.
-    nextpnr_opts = ["--report", "top.report.json", "--seed", f"${{PTOCUBE_SEED:-{seeds[0]}}}",
-                    "--timing-allow-fail"]
+    # The detailed net timings let ``ptocube synth --routed`` list the long wires.
+    nextpnr_opts = ["--report", "top.report.json", "--detailed-timing-report",
+                    "--seed", f"${{PTOCUBE_SEED:-{seeds[0]}}}", "--timing-allow-fail"]
     if router is not None:
         nextpnr_opts += ["--router", router]
     if placer is not None:

@@ -216,6 +216,10 @@ def add_synth_arguments(parser):
     parser.add_argument("--fanout", type=int, default=64, metavar="N",
                         help="--paths: also list the nets driven by logic with at least N "
                              "sinks (default 64; 0: none)")
+    parser.add_argument("--routed", metavar="REPORT",
+                        help="read a finished place and route's nextpnr --report JSON (e.g. a "
+                             "build's top.report.json): its Fmax, critical path and the "
+                             "flip-flop outputs with the longest routes (--rows of them)")
     parser.add_argument("--family", choices=("ecp5", "ice40"),
                         help="FPGA family of --breakdown / --timing (default: the board's)")
     parser.add_argument("--parts", help="--breakdown / --timing: comma-separated part paths "
@@ -230,6 +234,8 @@ def run_synth(args) -> int:
     if args.seed is not None and len(args.seed) > 1:
         print("error: synth places and routes once: give one --seed", file=sys.stderr)
         return 2
+    if args.routed:
+        return _run_routed(args)
     if args.paths:
         return _run_paths(args)
     if args.breakdown or args.timing:
@@ -298,6 +304,24 @@ def _run_paths(args) -> int:
         print(json.dumps(report.to_json(), indent=1))
     else:
         print(title)
+        print(report.table(args.rows))
+    return 0
+
+
+def _run_routed(args) -> int:
+    """``synth --routed``: what a finished place and route spent its time on."""
+    from .timing import routed_report
+    path = Path(args.routed)
+    if not path.is_file():
+        print(f"error: no nextpnr report at {path}", file=sys.stderr)
+        return 2
+    netlist = path.with_name("top.json")
+    report = routed_report(json.loads(path.read_text()),
+                           json.loads(netlist.read_text()) if netlist.is_file() else None)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(path)
         print(report.table(args.rows))
     return 0
 

@@ -27,6 +27,7 @@ from .breakdown import FAMILIES, UNIT_EXPAND, Part, each_part, measure_cached, p
 from .pnr import PinLightWrapper, place_and_route
 
 __all__ = ["CriticalPath", "PartTiming", "TimingReport", "critical_path", "time_part",
+           "RoutedNet", "RoutedReport", "routed_report",
            "timing", "unit_timing", "bench_timing", "BENCH_TIMINGS"]
 
 # Yosys names a mapped cell after the net it drives plus its type and port
@@ -107,6 +108,89 @@ def critical_path(report: dict, netlist: dict | None = None) -> CriticalPath | N
                         end=_signal_name(steps[-1]["to"]["cell"], "end"), ns=round(total, 2),
                         logic_ns=round(logic, 2), routing_ns=round(routing, 2),
                         cells=dict(sorted(cells.items(), key=lambda kv: -kv[1])))
+
+
+@dataclass
+class RoutedNet:
+    """A net driven by a flip-flop in a routed design, by its longest route.
+
+    signal: the driving flip-flop's signal; net: nextpnr's net name; ns: the time from the
+    clock edge to its farthest sink (the flip-flop's clock-to-out, about 0.5 ns on ECP5,
+    plus that route); sinks: how many sinks it has; far: the signal of that sink.
+    """
+
+    signal: str
+    net: str
+    ns: float
+    sinks: int
+    far: str
+
+
+@dataclass
+class RoutedReport:
+    """What a finished place and route spent its time on: nextpnr's critical path and the
+    nets with the longest routes (:func:`routed_report`)."""
+
+    fmax_mhz: dict
+    critical: CriticalPath | None
+    nets: list
+    nets_over: dict
+    timed: bool = True
+
+    def table(self, rows: int = 25) -> str:
+        clocks = ", ".join(f"{clock}: {mhz:.2f} MHz" for clock, mhz in self.fmax_mhz.items())
+        lines = [f"Fmax {clocks or 'not reported'}"]
+        if self.critical is not None:
+            c = self.critical
+            lines.append(f"critical path {c.ns} ns ({c.logic_ns} logic, {c.routing_ns} "
+                         f"routing): {c.start} -> {c.end}")
+        if not self.nets:
+            lines.append("no flip-flop outputs (ECP5 TRELLIS_FF Q) in the report's net timings"
+                         if self.timed else
+                         "no net timings in the report (nextpnr --detailed-timing-report)")
+            return "\n".join(lines)
+        lines.append("flip-flop outputs by clock to farthest sink: " + ", ".join(
+            f"{n:,} over {ns:g} ns" for ns, n in self.nets_over.items()))
+        lines.append(f"{'ns':>6} {'sinks':>6}  driver -> farthest sink")
+        for net in self.nets[:rows]:
+            lines.append(f"{net.ns:6.2f} {net.sinks:6d}  {net.signal} -> {net.far}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"fmax_mhz": self.fmax_mhz,
+                "critical": asdict(self.critical) if self.critical else None,
+                "nets_over": {str(ns): n for ns, n in self.nets_over.items()},
+                "nets": [asdict(n) for n in self.nets]}
+
+
+def routed_report(report: dict, netlist: dict | None = None, *,
+                  thresholds=(5.0, 7.5, 10.0)) -> RoutedReport:
+    """Summarize nextpnr's ``--report`` JSON of a routed design: each clock's Fmax, the
+    critical path, and the nets that flip-flops drive, by the time from the clock edge to
+    their farthest sink, longest first.
+
+    nextpnr's detailed net timings give each sink's arrival time, so only for a net driven
+    by a flip-flop is that time its route (plus the clock-to-out): those are the long wires
+    that a register closer to the sinks, or a copy per group of sinks, would shorten.  They
+    need nextpnr's ``--detailed-timing-report`` (``ptocube build`` passes it); without it
+    the list is empty.  On iCE40 a flip-flop is packed into a logic cell whose one output
+    does not say whether it is registered, so the list is empty there too.  ``thresholds``:
+    count the nets over each of these (ns).
+    """
+    nets = []
+    for entry in report.get("detailed_net_timings") or []:
+        ends = entry.get("endpoints") or []
+        if entry.get("port") != "Q" or not ends:
+            continue
+        far = max(ends, key=lambda e: max(e["delay"]))
+        nets.append(RoutedNet(signal=_signal_name(entry["driver"], "start"), net=entry["net"],
+                              ns=round(max(far["delay"]), 2), sinks=len(ends),
+                              far=_signal_name(far["cell"], "end")))
+    nets.sort(key=lambda n: (-n.ns, n.net))
+    fmax = {clock: round(v["achieved"], 2) for clock, v in (report.get("fmax") or {}).items()}
+    return RoutedReport(fmax_mhz=fmax, critical=critical_path(report, netlist), nets=nets,
+                        nets_over={ns: sum(n.ns > ns for n in nets) for ns in thresholds},
+                        timed=bool(report.get("detailed_net_timings")))
 
 
 @dataclass

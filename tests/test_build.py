@@ -22,7 +22,7 @@ from ptocube.build.ecp5_pll import pll_dividers
 from ptocube.build.selftest import STATUS_MASK, SelfTest
 from ptocube.build.pnr import DEVICES, Device, PinLightWrapper, ToolError, place_and_route
 from ptocube.hdl.config import preset
-from ptocube.build.timing import critical_path
+from ptocube.build.timing import critical_path, routed_report
 from selftest_units import GprUnit, gpr_program
 
 ICE40 = DEVICES["iCE40UP5K-SG48"]
@@ -156,6 +156,14 @@ def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
         # The real systolic array: one DSP per PE (SB_MAC16 / MULT18X18D).
         config = preset(brd.preset)
         assert summary["dsp"] == config.rows * config.cols
+    # The report has the net timings that `synth --routed` lists the long wires from (on
+    # ECP5: an iCE40 logic cell does not say whether its output is registered).
+    assert _cli("synth", "--routed", str(tmp_path / "top.report.json"), "--rows", "3") == 0
+    listed = capsys.readouterr().out
+    routed = routed_report(json.loads((tmp_path / "top.report.json").read_text()))
+    assert "critical path" in listed and routed.timed
+    if brd.device.family == "ecp5":
+        assert routed.nets and "flip-flop outputs by clock to farthest sink" in listed
     if name != "icebreaker":
         # The PLL domain's reset goes through its DCCA onto a global network (F23).
         log = (tmp_path / "top.tim").read_text()
@@ -579,6 +587,33 @@ def test_critical_path_summary():
     assert path.logic_ns == pytest.approx(5.45)
     assert path.cells == {"MULT18X18D": 1, "CCU2C": 1, "LUT4": 1}
     assert critical_path({"critical_paths": []}) is None
+
+
+def test_routed_report_lists_flip_flop_outputs_by_their_farthest_sink():
+    # A hand-made report: a sink's "delay" is its arrival time (min, max) after the clock
+    # edge; only nets that flip-flops drive (port Q) are listed, longest first.
+    def net(name, driver, port, *arrivals):
+        return {"net": name, "driver": driver, "port": port, "event": "posedge clk",
+                "endpoints": [{"cell": f"sink{k}_TRELLIS_FF_Q", "port": "DI",
+                               "delay": [a - 1, a]} for k, a in enumerate(arrivals)]}
+    report = {"fmax": {"clk": {"achieved": 58.7924, "constraint": 6.25}},
+              "critical_paths": [],
+              "detailed_net_timings": [
+                  net("w[3]", "store.read_word_TRELLIS_FF_Q_35", "Q", 2.0, 12.7, 4.0),
+                  net("x", "core.x_LUT4_Z", "F", 14.0),
+                  net("y", "fill.room_TRELLIS_FF_Q", "Q", 6.1),
+                  net("z", "z_TRELLIS_FF_Q", "Q")]}
+    routed = routed_report(report)
+    assert routed.fmax_mhz == {"clk": 58.79} and routed.critical is None
+    assert [(n.signal, n.ns, n.sinks, n.far) for n in routed.nets] == [
+        ("store.read_word", 12.7, 3, "sink1"), ("fill.room", 6.1, 1, "sink0")]
+    assert routed.nets_over == {5.0: 2, 7.5: 1, 10.0: 1}
+    table = routed.table(rows=1)
+    assert "store.read_word -> sink1" in table and "fill.room" not in table
+    assert "2 over 5 ns, 1 over 7.5 ns, 1 over 10 ns" in table
+    assert "no net timings" in routed_report({"fmax": {}}).table()
+    assert "no flip-flop outputs" in routed_report(
+        {"detailed_net_timings": [net("x", "core.x_LUT4_Z", "F", 14.0)]}).table()
 
 
 def test_timing_parts_and_cache(tmp_path, monkeypatch):
