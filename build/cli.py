@@ -300,6 +300,11 @@ def _run_paths(args) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 1
         title = f"preset {name}, design {args.design} (JSON: {out / 'paths.json'})"
+    return _print_report(args, report, title)
+
+
+def _print_report(args, report, title) -> int:
+    """Print ``report`` as JSON (``--json``) or as its table of ``--rows`` under ``title``."""
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
@@ -318,12 +323,7 @@ def _run_routed(args) -> int:
     netlist = path.with_name("top.json")
     report = routed_report(json.loads(path.read_text()),
                            json.loads(netlist.read_text()) if netlist.is_file() else None)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=1))
-    else:
-        print(path)
-        print(report.table(args.rows))
-    return 0
+    return _print_report(args, report, str(path))
 
 
 def _run_by_part(args) -> int:
