@@ -183,8 +183,8 @@ class FillSource(wiring.Component):
             need = Mux(rp, offer_need[1][j], offer_need[0][j])
             lanes.append((need, space, Mux(rp, offer_addr[1][j], offer_addr[0][j])))
             offsets.append((need, Mux(rp, offer_off[1][j], offer_off[0][j])))
-        _, words, hits = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start,
-                                    lane_hits=True)
+        cache = lane_cache(m, "fill", lanes, self.rd, self.rsp, self.start)
+        words, hits = cache.words, cache.hits
         m.d.sync += [h.eq(lane & on_offer) for h, lane in zip(lane_hit, hits)]
         m.d.sync += took.eq(taken)
         for j, (word, (need, off)) in enumerate(zip(words, offsets)):

@@ -25,7 +25,6 @@ the beat.  Every stage moves together, when the beat may advance.  Reads are ask
 registered facts and sent from a request register.
 """
 
-import operator
 from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
@@ -36,8 +35,7 @@ from ..model.datatype import DataType
 from .cell_address import extract
 from .config import CubeConfig
 from .cube_run import RunLayout, column_outer
-from .logic import balanced, one_hot_select
-from .read_arbiter import ReadReqLayout, ReadRspLayout
+from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
 
 __all__ = ["OperandFeed", "FeedComponent"]
@@ -63,12 +61,6 @@ class FeedComponent(wiring.Component):
 _FP32_ONE = 0x3F800000
 
 
-def _first(flags):
-    """One-hot: each flag that is set with no lower one set."""
-    return [flag & ~Cat(*flags[:index]).any() if index else flag
-            for index, flag in enumerate(flags)]
-
-
 def _mask(log2):
     """``2**log2 - 1`` in 16 bits."""
     return ((Value.cast(1) << log2) - 1)[:16]
@@ -79,99 +71,6 @@ def _named(m: Module, value, name: str) -> Signal:
     sig = Signal(len(Value.cast(value)), name=name)
     m.d.comb += sig.eq(value)
     return sig
-
-
-def _lane_cache(m: Module, lanes: list, req, rsp, clear, advance) -> tuple:
-    """The feed's word registers; returns ``(all_hit, words, busy)``.
-
-    ``lanes``: per lane ``(need, space, addr, ahead_need, ahead_addr, in_space,
-    in_addr)``: registers of the lane stage, and the word that the position entering it
-    on ``advance`` will need.  Each lane holds two words with their addresses.  A lane
-    hits when it needs nothing or holds its word.  Which register holds it is itself a
-    register, compared a cycle ahead with the entering (or staying) position's address,
-    so that ``all_hit`` is two gates from registers; a register retargeted in that cycle
-    counts as not holding (it is pending anyway).
-
-    A missing lane asks for its word; a lane that holds it, for its ``ahead`` word.
-    Asks are registered with the address and the register to load; the next cycle the
-    lowest asking lane (words needed now before words ahead) is granted: its register is
-    marked pending with the address (so that it is not asked again) and the read goes
-    into a request register (``req`` is driven from registers).  A granted ask is
-    dropped.  A registered ask may be a cycle old only for a read-ahead (a lane that
-    misses holds the position): it still names a word the lane lacks (only a grant
-    changes a lane's addresses) and a register that is not pending, so at worst it
-    replaces a word that is read again.  ``rsp`` fills the registers; ``clear`` forgets
-    every word (only while no read is outstanding).  ``busy``: an ask or a request is
-    still to be sent.
-    """
-    words, hits, info = [], [], []
-    for index, (need, space, addr, ahead_need, ahead_addr, in_space, in_addr) \
-            in enumerate(lanes):
-        held = [{"word": Signal(64, name=f"lane{index}_word{r}"),
-                 "space": Signal(len(space), name=f"lane{index}_space{r}"),
-                 "addr": Signal(len(addr), name=f"lane{index}_addr{r}"),
-                 "valid": Signal(name=f"lane{index}_valid{r}"),
-                 "pending": Signal(name=f"lane{index}_pending{r}")} for r in range(2)]
-        match = [_named(m, h["valid"] & (h["addr"] == addr) & (h["space"] == space),
-                        f"lane{index}_match{r}") for r, h in enumerate(held)]
-        ahead = [h["valid"] & (h["addr"] == ahead_addr) & (h["space"] == space)
-                 for h in held]
-        matched = match[0] | match[1]
-        incoming = [h["valid"] & (h["addr"] == in_addr) & (h["space"] == in_space)
-                    for h in held]
-        holds = [Signal(name=f"lane{index}_holds{r}") for r in range(2)]
-        ready = (holds[0] & ~held[0]["pending"]) | (holds[1] & ~held[1]["pending"])
-        # A register to (re)load: not waiting for a word, not holding the current one.
-        free = [~h["pending"] & ~(need & hit) for h, hit in zip(held, match)]
-        any_free = free[0] | free[1]
-        now = _named(m, need & ~matched & any_free, f"lane{index}_miss")
-        early = ahead_need & ~(ahead[0] | ahead[1]) & any_free & (~need | matched)
-        ask_now = Signal(name=f"lane{index}_ask")
-        ask_ahead = Signal(name=f"lane{index}_ask_ahead")
-        target = Signal(len(addr), name=f"lane{index}_target")
-        target_space = Signal(len(space), name=f"lane{index}_target_space")
-        victim = Signal(name=f"lane{index}_victim")
-        granted = Signal(name=f"lane{index}_granted")
-        m.d.sync += [ask_now.eq(now & ~granted & ~clear),
-                     ask_ahead.eq(early & ~granted & ~clear),
-                     target.eq(Mux(now, addr, ahead_addr)), target_space.eq(space),
-                     victim.eq(~free[0])]
-        for r, h in enumerate(held):
-            with m.If(rsp.valid & (rsp.tag == 2 * index + r)):
-                m.d.sync += [h["word"].eq(rsp.data), h["pending"].eq(0)]
-            with m.If(clear):
-                m.d.sync += h["valid"].eq(0)
-            with m.If(granted & (victim == r)):
-                m.d.sync += [h["space"].eq(target_space), h["addr"].eq(target),
-                             h["valid"].eq(1), h["pending"].eq(1)]
-            m.d.sync += holds[r].eq(Mux(advance, incoming[r], match[r])
-                                    & ~(granted & (victim == r)) & ~clear)
-        words.append(_named(m, Mux(holds[1], held[1]["word"], held[0]["word"]),
-                            f"lane{index}_word"))
-        hits.append(~need | ready)
-        info.append((ask_now, ask_ahead, target, target_space, victim, granted))
-
-    asks = [i[0] for i in info] + [i[1] for i in info]
-    first = _first(asks)
-    grants = [_named(m, now | early, f"lane{index}_grant") for index, (now, early)
-              in enumerate(zip(first[:len(info)], first[len(info):]))]
-    rq_valid = Signal(name="lane_rq_valid")
-    rq = Signal(req.payload.shape(), name="lane_rq")
-    load = _named(m, ~rq_valid | req.ready, "lane_rq_load")
-
-    def chosen(values):
-        return one_hot_select(grants, values)
-
-    with m.If(load):
-        m.d.sync += [rq_valid.eq(Cat(*asks).any()),
-                     rq.space.as_value().eq(chosen([i[3] for i in info])),
-                     rq.addr.eq(chosen([i[2] for i in info])),
-                     rq.tag.eq(chosen([2 * index + i[4] for index, i in enumerate(info)]))]
-    m.d.comb += [i[5].eq(load & grant) for i, grant in zip(info, grants)]
-    m.d.comb += [req.valid.eq(rq_valid), req.payload.eq(rq)]
-    all_hit = Signal(name="lane_all_hit")
-    m.d.comb += all_hit.eq(balanced(operator.and_, hits) if hits else 1)
-    return all_hit, words, rq_valid | Cat(*asks).any()
 
 
 class OperandFeed(FeedComponent):
@@ -585,7 +484,7 @@ class OperandFeed(FeedComponent):
         # ------------------------------------------------------------------
         p4_slot, p4_real, p4_bias, p4_first = (reg(len(p1.slot), "p4_slot"), reg(1, "p4_real"),
                                                reg(1, "p4_bias"), reg(1, "p4_first"))
-        lanes, extractors = [], []
+        lanes, entering, extractors = [], [], []
         slot_is = [Signal(name=f"p4_slot_is{l}") for l in range(slots)]
         m.d.comb += [slot_is[l].eq(p4_slot == l) for l in range(slots)]
 
@@ -606,8 +505,8 @@ class OperandFeed(FeedComponent):
                                  ahead_need.eq(own(index, needs[index]) & ahead)]
                 for lane_slot in range(slots):
                     here = slot_is[lane_slot]
-                    lanes.append((own_need & here, space, addr,
-                                  ahead_need & here, next_addr, in_space, bits[6:]))
+                    lanes.append((own_need & here, space, addr, ahead_need & here, next_addr))
+                    entering.append((adv, in_space, bits[6:], 0))
                     extractors.append((need & here, off, log2w))
 
         # A CUBE_M32 word holds two rows: with R even, blocks start on an even row, so an
@@ -631,8 +530,9 @@ class OperandFeed(FeedComponent):
             m.d.sync += [p4_valid.eq(p3_valid), p4_slot.eq(p3_slot), p4_real.eq(p3_real),
                          p4_bias.eq(p3_bias), p4_first.eq(p3_first)]
 
-        all_hit, words, busy = _lane_cache(m, lanes, self.rd, self.rsp, self.start, adv)
-        m.d.comb += p1.busy.eq(p2_valid | p3_valid | p4_valid | q_valid | out_valid | busy)
+        cache = lane_cache(m, "lane", lanes, self.rd, self.rsp, self.start, entering)
+        all_hit, words = cache.all_hit, cache.words
+        m.d.comb += p1.busy.eq(p2_valid | p3_valid | p4_valid | q_valid | out_valid | cache.busy)
         for i in range(1, rows if pairs else 0, 2):
             for lane_slot in range(slots):
                 lane = i * slots + lane_slot             # A lanes come first, row-major

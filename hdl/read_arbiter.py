@@ -13,15 +13,19 @@ the address it came from (two for a lane that reads ahead); a lane whose next el
 in another word asks for that word.
 """
 
+import operator
+from typing import NamedTuple
+
 from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .config import CubeConfig
-from .logic import one_hot_select
+from .logic import balanced, one_hot_select
 from .tile_port import MemReqLayout, MemSpace, word_addr_width
 
-__all__ = ["ReadReqLayout", "ReadRspLayout", "ReadArbiter", "lane_cache", "TAG_WIDTH"]
+__all__ = ["ReadReqLayout", "ReadRspLayout", "ReadArbiter", "LaneWords", "lane_cache",
+           "TAG_WIDTH"]
 
 #: Width of a client's tag (a lane number and which of its two registers).
 TAG_WIDTH = 9
@@ -92,26 +96,35 @@ class ReadArbiter(wiring.Component):
         return m
 
 
-def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
-               lane_hits: bool = False, entering=None) -> tuple:
-    """Word registers for ``lanes`` of one read client; returns ``(all_hit, words)``, and
-    with ``lane_hits`` each lane's hit as a third item (``FillSource`` registers them).
+class LaneWords(NamedTuple):
+    """What :func:`lane_cache` gives its client."""
 
-    ``entering``: optionally per lane ``(step, step_addr, forget)``: the lane's address
-    changes only on ``step`` (to ``step_addr``) or on ``forget`` (to one not known a cycle
-    ahead).  Whether a register holds the lane's word, and holds it ready, are then
-    registers, compared a cycle ahead with the entering (or staying) address, so that the
-    hits are a gate from flip-flops rather than an address compare (issue #9); after a
-    ``forget`` the lane misses for a cycle.
+    all_hit: Value   #: every lane needs nothing or holds its word ready
+    words: list      #: per lane, its word (valid while the lane hits)
+    hits: list       #: per lane, needs nothing or holds its word ready
+    busy: Value      #: an ask or a request is still to be sent
+
+
+def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
+               entering=None) -> LaneWords:
+    """Word registers for ``lanes`` of one read client (the fill source, the result path's
+    parameters, the lane feed).
 
     ``lanes``: per lane ``(need, space, addr)`` - whether the lane needs a word now, and
     which - optionally followed by ``(ahead_need, ahead_addr)``: the word the lane will need
-    next.  ``req``: the client's read stream (driven here), ``rsp``: its answers, ``clear``:
-    forget every word (the memory contents may have changed; only while no read is
-    outstanding).  A lane is a hit when it needs nothing or holds its word.  A missing lane
-    asks for its word; when no lane misses, a lane with an ``ahead`` word asks for that one
-    into its second register, so that reads overlap the beats that use the words already
-    there.
+    next, read into a second register.  ``req``: the client's read stream (driven here),
+    ``rsp``: its answers, ``clear``: forget every word (the memory contents may have
+    changed; only while no read is outstanding).  A lane is a hit when it needs nothing or
+    holds its word.  A missing lane asks for its word; when no lane misses, a lane with an
+    ``ahead`` word asks for that one, so that reads overlap the beats that use the words
+    already there.
+
+    ``entering``: optionally per lane ``(step, step_space, step_addr, forget)``: the lane's
+    word changes only on ``step`` (to ``step_space``/``step_addr``) or on ``forget`` (to
+    one not known a cycle ahead).  Whether a register holds the lane's word, and holds it
+    ready, are then registers, compared a cycle ahead with the entering (or staying)
+    word, so that the hits are a gate from flip-flops rather than an address compare
+    (issue #9); after a ``forget`` the lane misses for a cycle.
 
     Asks are registered with the word and the register to load; the next cycle the lowest
     asking lane (words needed now before words ahead) is granted: its register is marked
@@ -135,8 +148,9 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
                 "valid": Signal(name=f"{name}{index}_valid{r}"),
                 "pending": Signal(name=f"{name}{index}_pending{r}"),
             })
-        for h in held:
-            h["match"] = h["valid"] & (h["addr"] == addr) & (h["space"] == space)
+        for r, h in enumerate(held):
+            h["match"] = Signal(name=f"{name}{index}_match{r}")
+            m.d.comb += h["match"].eq(h["valid"] & (h["addr"] == addr) & (h["space"] == space))
             h["ahead"] = h["valid"] & (h["addr"] == ahead_addr) & (h["space"] == space)
         matched = Cat(*(h["match"] for h in held)).any()
         for r, h in enumerate(held):
@@ -185,8 +199,9 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
                              h["valid"].eq(1), h["pending"].eq(1)]
             if entering is not None:
                 # A retargeted register is pending: it does not hold the word for now.
-                step, step_addr, forget = entering[index]
-                incoming = h["valid"] & (h["addr"] == step_addr) & (h["space"] == space)
+                step, step_space, step_addr, forget = entering[index]
+                incoming = (h["valid"] & (h["addr"] == step_addr)
+                            & (h["space"] == Value.cast(step_space)))
                 holds = Mux(forget, 0, Mux(step, incoming, h["match"])) & ~retarget & ~clear
                 m.d.sync += [h["holds"].eq(holds),
                              h["ready"].eq(holds & (answered | ~h["pending"]))]
@@ -214,5 +229,5 @@ def lane_cache(m: Module, name: str, lanes: list, req, rsp, clear,
         m.d.sync += rq_valid.eq(0)
     m.d.comb += [req.valid.eq(rq_valid), req.payload.eq(rq)]
     all_hit = Signal(name=f"{name}_all_hit")
-    m.d.comb += all_hit.eq(Cat(*hits).all() if hits else 1)
-    return (all_hit, words, hits) if lane_hits else (all_hit, words)
+    m.d.comb += all_hit.eq(balanced(operator.and_, hits) if hits else 1)
+    return LaneWords(all_hit, words, hits, rq_valid | Cat(*asks).any())

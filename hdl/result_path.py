@@ -282,12 +282,16 @@ class ResultPath(wiring.Component):
         # from the address compares (issue #9).  A loaded piece's first element finds its
         # words a cycle later (they are other words than the previous piece's last anyway).
         push = Signal()
-        params_hit, (q_word, a_word, s_word) = lane_cache(
+        params = lane_cache(
             m, "param", [(need_quant, run.quant.space, q_addr),
                          (need_alpha, run.alpha.space, a_addr),
                          (need_seed, run.rowmax_in.space, s_addr)],
             self.rd, self.rsp, self.start,
-            entering=[(push, q_addr + 1, load), (push, a_addr + 1, load), (0, s_addr, load)])
+            entering=[(push, run.quant.space, q_addr + 1, load),
+                      (push, run.alpha.space, a_addr + 1, load),
+                      (0, run.rowmax_in.space, s_addr, load)])
+        params_hit = params.all_hit
+        q_word, a_word, s_word = params.words
         seed = extract(s_word, s_off, 5, 32)
 
         # Per-output-row group position: a row's elements may come in pieces (one per block
