@@ -22,8 +22,8 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from .ecp5_pll import Ecp5Pll, pll_dividers
-from .pnr import (DEVICES, STALL_ITERATIONS, Device, PnrResult, RouterStalled, StallWatch,
-                  ToolError, result_from_files, run_watched, tool)
+from .pnr import (DEVICES, KEEP_COPIES, STALL_ITERATIONS, Device, PnrResult, RouterStalled,
+                  StallWatch, ToolError, result_from_files, run_watched, tool)
 
 __all__ = ["Board", "BOARDS", "SELFTEST_DESIGNS", "ECP5_UNIT_MHZ", "board", "BoardTop",
            "BuildResult", "build_bitstream", "toolchain_env"]
@@ -261,6 +261,7 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     if placer is not None:
         nextpnr_opts += ["--placer", placer]
     overrides = {"nextpnr_opts": " ".join(nextpnr_opts),
+                 "script_after_read": "\n".join(KEEP_COPIES),
                  "script_after_synth": "tee -q -o top.stat.json stat -json"}
     if brd.device.family == "ice40":
         overrides["synth_opts"] = "-dsp -spram"

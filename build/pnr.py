@@ -34,7 +34,8 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
            "StallWatch", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS", "run_watched",
-           "tool", "synthesize", "place_and_route", "result_from_files", "cell_counts"]
+           "tool", "synthesize", "place_and_route", "result_from_files", "cell_counts",
+           "KEEP_COPIES"]
 
 
 class ToolError(RuntimeError):
@@ -423,10 +424,18 @@ def result_from_files(device: Device, stat_path, report_path, *, seed=None,
                      cells=cells, seed=seed, seconds=seconds)
 
 
+#: Yosys commands, run after reading the design, that mark ``keep`` every flip-flop driving
+#: a signal with the ``keep`` attribute (``hdl/logic.py``'s register copies): ``opt_merge``
+#: would otherwise merge the copies of one register back into one flip-flop, while it
+#: leaves cells marked ``keep`` alone.
+KEEP_COPIES = ["proc", "setattr -set keep 1 a:keep %ci1 t:$dff %i"]
+
+
 def synth_script(device: Device, read: str, top_name: str, netlist: str, stat: str) -> str:
-    """The yosys script: read, ``synth_<family>`` (iCE40 with ``-dsp -spram``), netlist, stats."""
+    """The yosys script: read, keep register copies apart, ``synth_<family>`` (iCE40 with
+    ``-dsp -spram``), netlist, stats."""
     synth = "synth_ecp5" if device.family == "ecp5" else "synth_ice40 -dsp -spram"
-    return (f"{read}; {synth} -top {top_name} -json {netlist}; "
+    return (f"{read}; {'; '.join(KEEP_COPIES)}; {synth} -top {top_name} -json {netlist}; "
             f"tee -q -o {stat} stat -json")
 
 

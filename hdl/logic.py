@@ -1,15 +1,21 @@
-"""Small combinational building blocks shared by the components.
+"""Small building blocks shared by the components, for timing (issue #9).
 
 Wide selections are written as AND-OR trees over one-hot selects rather than as chains of
 multiplexers: a chain puts one LUT level per choice in front of the register it feeds, a
-balanced OR tree only the logarithm of their number (issue #9).
+balanced OR tree only the logarithm of their number.  A flag that enables hundreds of
+flip-flops is made as several copies (:func:`register_copies`), each near its own share.
 """
 
 import operator
 
-from amaranth.hdl import Const, Mux
+from amaranth.hdl import Const, Module, Mux, Signal, Value
 
-__all__ = ["balanced", "or_tree", "one_hot_select"]
+__all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "register_copies"]
+
+#: Attributes of a register that synthesis must not merge with an equal one: the builds'
+#: yosys script (``build/synth.py``, ``KEEP_COPIES``) marks the flip-flops driving such a
+#: signal ``keep``, which ``opt_merge`` respects.
+KEEP = {"keep": 1}
 
 
 def balanced(op, values):
@@ -31,3 +37,13 @@ def one_hot_select(one_hot, values):
     """``values[i]`` for the set bit ``i`` of ``one_hot`` (0 when none is set; with several
     set, the OR of theirs): an AND-OR, no decoder."""
     return or_tree(Mux(one_hot[i], v, 0) for i, v in enumerate(values))
+
+
+def register_copies(m: Module, value, count: int, name: str, init: int = 0) -> list:
+    """``count`` registers that each load ``value`` in every cycle: one fan-out split into
+    ``count`` nets, which place and route can keep short (a 256-bit register's enable, say).
+    Yosys would merge equal flip-flops back into one; :data:`KEEP` stops it."""
+    width = len(Value.cast(value))
+    regs = [Signal(width, name=f"{name}{i}", init=init, attrs=KEEP) for i in range(count)]
+    m.d.sync += [reg.eq(value) for reg in regs]
+    return regs

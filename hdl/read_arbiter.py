@@ -4,9 +4,10 @@ The tile store answers reads in request order (``hdl/tile_port.py``).  :class:`R
 lets several clients (the fill source, the result path, the operand buffers' fill, the lane
 feed) share that port: it grants the lowest-numbered client that asks, remembers in a small
 FIFO which client (and which of its lanes, ``tag``) each outstanding request belongs to,
-and returns every response to its owner in the cycle it arrives.  A client must take a response at once (its ``rsp`` is
-valid-only), which every client guarantees by asking only for words it has a register for:
-responses therefore never wait, and no client can block another's.
+and returns every response to its owner the cycle after it arrives, from registers of the
+owner's own.  A client must take a response at once (its ``rsp`` is valid-only), which
+every client guarantees by asking only for words it has a register for: responses
+therefore never wait, and no client can block another's.
 
 :func:`lane_cache` is the client side: a set of *lanes*, each holding one payload word and
 the address it came from (two for a lane that reads ahead); a lane whose next element lies
@@ -49,11 +50,11 @@ class ReadArbiter(wiring.Component):
     req : In(stream.Signature(ReadReqLayout)).array(clients)
         Client reads; client 0 has the highest priority.
     rsp : Out(ReadRspLayout).array(clients)
-        Answers, in each client's request order.
+        Answers, in each client's request order, a cycle after the store's (registered).
     mem_req : Out(stream.Signature(MemReqLayout)), mem_rsp : In(stream.Signature(64))
         The tile store's read port.  At most ``depth`` reads are outstanding.
     idle : Out(1)
-        No read is outstanding.
+        No read is outstanding and no answer still to reach its client.
     """
 
     def __init__(self, config: CubeConfig, clients: int, depth: int = 4):
@@ -86,13 +87,24 @@ class ReadArbiter(wiring.Component):
         m.d.comb += [self.mem_req.valid.eq(any_valid & owners.w_rdy),
                      owners.w_en.eq(self.mem_req.valid & self.mem_req.ready),
                      self.mem_rsp.ready.eq(1),
-                     owners.r_en.eq(self.mem_rsp.valid),
-                     self.idle.eq(~owners.r_rdy)]
+                     owners.r_en.eq(self.mem_rsp.valid)]
+        # Each client's answer comes from registers of its own, loaded only for its own
+        # answers: the store's response register drives one copy per client instead of
+        # every lane register of every client, which lie across the device (issue #9).
         owner = owners.r_data[:owner_width]
+        answers = []
         for i in range(self.clients):
-            m.d.comb += [self.rsp[i].valid.eq(self.mem_rsp.valid & (owner == i)),
-                         self.rsp[i].tag.eq(owners.r_data[owner_width:]),
-                         self.rsp[i].data.eq(self.mem_rsp.payload)]
+            mine = self.mem_rsp.valid & (owner == i)
+            valid = Signal(name=f"rsp{i}_valid")
+            tag = Signal(TAG_WIDTH, name=f"rsp{i}_tag")
+            word = Signal(64, name=f"rsp{i}_data")
+            m.d.sync += valid.eq(mine)
+            with m.If(mine):
+                m.d.sync += [tag.eq(owners.r_data[owner_width:]), word.eq(self.mem_rsp.payload)]
+            m.d.comb += [self.rsp[i].valid.eq(valid), self.rsp[i].tag.eq(tag),
+                         self.rsp[i].data.eq(word)]
+            answers.append(valid)
+        m.d.comb += self.idle.eq(~owners.r_rdy & ~Cat(*answers).any())
         return m
 
 

@@ -34,6 +34,7 @@ from .cell_address import (BIT_ADDR_WIDTH, byte_mask, cube_m_bits, extract, row_
 from .config import CubeConfig
 from .cube_run import RunLayout, block_walker
 from .encoders import SrcKind
+from .logic import register_copies
 from .postprocess import PostProcess
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .reduce import MaxReduce
@@ -216,16 +217,22 @@ class ResultPath(wiring.Component):
             m.d.sync += held_valid.eq(0)
         with m.If(keep):
             m.d.sync += held_valid.eq(1)
-        with m.If(~held_valid):
-            m.d.sync += [held_data.eq(self.drain.payload.data), held_bank.eq(d_row),
-                         held_row.eq(in_row), held_col0.eq(slot_col0[d_slot]),
-                         held_last.eq(slot_last[d_slot])]
         # The next cycle's state, for ``ready``: a junk row to drop, or the group's blocks
         # known and ``held`` empty (a kept row and a load never share a cycle).
         junk_next = (junk > 1) | ((junk == 1) & ~set_end)
         blocks_next = ~restart & ~step_group & (blocks_ready | (filled == slots - 1))
         walk_done_next = Mux(~blocks_ready & (filled == 0), w_done, walk_done)
         held_next = (held_valid & ~load) | keep
+        # "held is empty" once per column and once for the row's facts: the enables of
+        # ~290 flip-flops are copies of ``~held_valid``, so that ``held_valid`` itself drives
+        # only the logic near the group position lookup (issue #9).
+        held_open = register_copies(m, ~held_next, cols + 1, "held_open", init=1)
+        for j in range(cols):
+            with m.If(held_open[j]):
+                m.d.sync += held_data[j].eq(self.drain.payload.data[j])
+        with m.If(held_open[cols]):
+            m.d.sync += [held_bank.eq(d_row), held_row.eq(in_row),
+                         held_col0.eq(slot_col0[d_slot]), held_last.eq(slot_last[d_slot])]
         m.d.sync += ready.eq(running & ~restart
                              & (junk_next | (blocks_next & ~walk_done_next & ~held_next)))
         with m.If(load):
