@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from amaranth.hdl import Elaboratable, Module, Signal
+from amaranth.hdl import Cat, Elaboratable, Module, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -22,6 +22,7 @@ from ptocube.build.ecp5_pll import pll_dividers
 from ptocube.build.selftest import STATUS_MASK, SelfTest
 from ptocube.build.pnr import DEVICES, Device, PinLightWrapper, ToolError, place_and_route
 from ptocube.hdl.config import preset
+from ptocube.hdl.logic import register_copies
 from ptocube.build.timing import critical_path, routed_report
 from selftest_units import GprUnit, gpr_program
 
@@ -70,6 +71,38 @@ def test_counter_figures(device, tmp_path):
     data = json.loads(json.dumps(r.to_json()))
     assert data["utilization"]["ff"]["used"] == 24
     assert 0 < data["utilization"]["logic"]["share"] < 0.01
+
+
+class Copies(wiring.Component):
+    """Four copies of one enable (``register_copies``), each loading a byte of ``q``, and
+    four plain registers equal to each other (of the inverse: yosys would fold a plain
+    equal of the copies into one of them)."""
+    a: In(8)
+    en: In(1)
+    q: Out(32)
+    p: Out(4)
+
+    def elaborate(self, platform):
+        m = Module()
+        opens = register_copies(m, self.en, 4, "open")
+        for k, enable in enumerate(opens):
+            with m.If(enable):
+                m.d.sync += self.q[8 * k:8 * (k + 1)].eq(self.a)
+        plain = [Signal(name=f"plain{k}") for k in range(4)]
+        m.d.sync += [reg.eq(~self.en) for reg in plain]
+        m.d.comb += self.p.eq(Cat(*plain))
+        return m
+
+
+@pytest.mark.parametrize("device", [ICE40, ECP5], ids=["ice40", "ecp5"])
+def test_register_copies_survive_synthesis(device, tmp_path):
+    """The flow's yosys script keeps register copies apart: 32 data bits + 4 enables, while
+    the four plain equal registers merge into one (as yosys does unasked)."""
+    netlist = json.loads(pnr.synthesize(Copies(), device, tmp_path).read_text())
+    cells = netlist["modules"]["top"]["cells"].values()
+    ff_types = {"SB_DFF", "SB_DFFE", "SB_DFFR", "SB_DFFS", "SB_DFFSS", "SB_DFFSR",
+                "SB_DFFESS", "SB_DFFESR", "SB_DFFER", "SB_DFFES", "TRELLIS_FF"}
+    assert sum(cell["type"] in ff_types for cell in cells) == 32 + 4 + 1
 
 
 def test_placer_choice(tmp_path):
@@ -691,6 +724,7 @@ _NETLIST_DIGEST = """
 import hashlib
 from amaranth.back import rtlil
 from ptocube.hdl.config import preset
+from ptocube.hdl.logic import register_copies
 from ptocube.hdl.{module} import {component}
 text = rtlil.convert({component}(preset("{preset}")), name="top")
 print(hashlib.sha256(text.encode()).hexdigest())
