@@ -13,7 +13,7 @@ from amaranth.hdl import Const, Module, Mux, Signal, Value
 __all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "register_copies"]
 
 #: Attributes of a register that synthesis must not merge with an equal one: the builds'
-#: yosys script (``build/synth.py``, ``KEEP_COPIES``) marks the flip-flops driving such a
+#: yosys scripts (``KEEP_COPIES`` in ``build/pnr.py``) mark the flip-flops driving such a
 #: signal ``keep``, which ``opt_merge`` respects.
 KEEP = {"keep": 1}
 
