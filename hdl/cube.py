@@ -38,6 +38,7 @@ from .cell_address import log2_bits, log2_of_power
 from .config import CubeConfig
 from .cube_run import RunLayout
 from .fill_source import FillSource
+from .logic import register_copies
 from .operand_feed import OperandFeed
 from .panel_feed import PanelFeed, panel_feed_usable
 from .serial_feed import SerialFeed
@@ -132,13 +133,14 @@ class CubeEngine(wiring.Component):
         in_take = Mux(buffered, panels.feed.valid, feed.feed.valid) & ~skid_valid
         # The buffered feed's ready (``buffered & ~skid_valid``) is a flip-flop of its own,
         # loaded with the value it will have: it is the enable of that feed's output
-        # stages, about 2,000 register and block-RAM inputs (decision 30).
-        panels_ready = Signal()
+        # stages, about 2,000 register and block-RAM inputs (decision 30), split among
+        # copies, one per output lane (issue #9).
         head_free = ~head_valid | array.feed.ready
-        m.d.sync += panels_ready.eq(usable & ~Mux(head_free, 0, skid_valid | in_take))
+        panels_go = register_copies(m, usable & ~Mux(head_free, 0, skid_valid | in_take),
+                                    len(panels.go), "panels_go")
         m.d.comb += [
             array.feed.valid.eq(head_valid), array.feed.payload.eq(head),
-            panels.feed.ready.eq(panels_ready),
+            panels.go.eq(Cat(*panels_go)), panels.feed.ready.eq(panels_go[-1]),
             feed.feed.ready.eq(~buffered & ~skid_valid),
         ]
         with m.If(head_free):

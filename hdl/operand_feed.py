@@ -43,9 +43,11 @@ __all__ = ["OperandFeed", "FeedComponent"]
 
 class FeedComponent(wiring.Component):
     """The ports and parameters every operand feed has, so the engine swaps feeds without
-    rewiring: ``run``, ``start``/``done``, the ``feed`` beats and the ``rd``/``rsp`` reads."""
+    rewiring: ``run``, ``start``/``done``, the ``feed`` beats and the ``rd``/``rsp`` reads;
+    a feed adds its own ports as ``members``."""
 
-    def __init__(self, config: CubeConfig, feed_shape, slots: int, has_scale: bool):
+    def __init__(self, config: CubeConfig, feed_shape, slots: int, has_scale: bool,
+                 members=None):
         self.config = config
         self.slots = slots
         self.has_scale = has_scale
@@ -55,6 +57,7 @@ class FeedComponent(wiring.Component):
             "feed": Out(stream.Signature(feed_shape)),
             "rd": Out(stream.Signature(ReadReqLayout(config))),
             "rsp": In(ReadRspLayout),
+            **(members or {}),
         })
 
 

@@ -43,6 +43,7 @@ gives the figures.
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import fifo
 from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In
 
 from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
@@ -118,9 +119,17 @@ class PanelFeed(FeedComponent):
     feed : Out(stream.Signature(feed_shape))
         ``feed.ready`` must not wait for ``feed.valid``: it is also the output stages'
         enable (decision 30).
+    go : In(rows + cols + 1)
+        Copies of ``feed.ready``, each loaded like it in a register of its own: bit ``i``
+        enables A lane ``i``'s output stages, bit ``rows + j`` B lane ``j``'s, the last bit
+        the rest, so that no one net reaches all ~2,000 of them (issue #9).
     rd : Out(stream.Signature(ReadReqLayout)), rsp : In(ReadRspLayout)
         The buffer fill's payload reads (through the engine's read arbiter).
     """
+
+    def __init__(self, config: CubeConfig, feed_shape, slots: int, has_scale: bool):
+        super().__init__(config, feed_shape, slots, has_scale,
+                         {"go": In(config.rows + config.cols + 1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -573,8 +582,11 @@ class PanelFeed(FeedComponent):
         offer, null, first = Signal(), Signal(), Signal()
         # The output stages move whenever the consumer is ready, even into an empty output
         # register: their enable (about 2,000 register and block-RAM inputs) is then the
-        # engine's ready flip-flop, not a LUT of it and ``feed.valid`` (decision 30).
-        go = self.feed.ready
+        # engine's ready flip-flop, not a LUT of it and ``feed.valid`` (decision 30), or
+        # rather one of its copies in ``go``.
+        go_a = [self.go[i] for i in range(rows)]
+        go_b = [self.go[rows + j] for j in range(cols)]
+        go = self.go[rows + cols]
         advance = p_valid & p_ok & go
         emit = offer & (~p_valid | advance)
         next_slot = Signal()
@@ -664,18 +676,21 @@ class PanelFeed(FeedComponent):
                 m2_valid.eq(m1_valid), m2_slot.eq(m1_slot), m2_first.eq(m1_first),
                 m2_null.eq(m1_null), m2_a_off.eq(m1_a_off), m2_b_off.eq(m1_b_off),
                 row_ok.eq(m1_row_ok), col_ok.eq(m1_col_ok),
-                a_words.eq(a_rd.data), b_words.eq(b_rd.data),
                 self.feed.valid.eq(m2_valid), out_slot.eq(m2_slot), out_first.eq(m2_first),
                 out_null.eq(m2_null),
             ]
-            for i in range(rows):
-                lane = a_words[64 * i:64 * (i + 1)]
-                m.d.sync += out_a[i].eq(Mux(row_ok[i], extract(lane, a_nibble, run.a_log2w, 32),
-                                            0))
-            for j in range(cols):
-                lane = b_words[64 * j:64 * (j + 1)]
-                m.d.sync += out_b[j].eq(Mux(col_ok[j], extract(lane, b_nibble, run.b_log2w, 32),
-                                            0))
+        for i in range(rows):
+            lane = slice(64 * i, 64 * (i + 1))
+            with m.If(go_a[i]):
+                m.d.sync += [a_words[lane].eq(a_rd.data[lane]),
+                             out_a[i].eq(Mux(row_ok[i], extract(a_words[lane], a_nibble,
+                                                                run.a_log2w, 32), 0))]
+        for j in range(cols):
+            lane = slice(64 * j, 64 * (j + 1))
+            with m.If(go_b[j]):
+                m.d.sync += [b_words[lane].eq(b_rd.data[lane]),
+                             out_b[j].eq(Mux(col_ok[j], extract(b_words[lane], b_nibble,
+                                                                run.b_log2w, 32), 0))]
         m.d.comb += [*(beat.a[i].eq(out_a[i]) for i in range(rows)),
                      *(beat.b[j].eq(out_b[j]) for j in range(cols))]
         m.d.comb += [beat.a_type.eq(run.a_type), beat.b_type.eq(run.b_type),

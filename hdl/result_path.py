@@ -171,9 +171,11 @@ class ResultPath(wiring.Component):
         # (issue #9).  It is high only while ``held`` will be empty, so a taken row always
         # has room; ``held`` follows the FIFO's head while empty (enable: a register) and
         # keeps it when the row is kept.  Its row's group position is looked up into ``look``
-        # registers as it comes (from the FIFO's head while ``held`` is empty), so the row may
-        # load the cycle after it is taken: a row every other cycle, as before.
+        # registers from ``held_row``, a register next to the per-row table, so the row
+        # loads two cycles after it is taken at the earliest (``looked``): the lookup no
+        # longer starts at the FIFO's head across the chip (issue #9).
         held_valid = Signal()
+        looked = Signal()
         held_data = Signal(data.ArrayLayout(32, cols))
         held_bank = Signal(row_bits)
         held_row = Signal(16)
@@ -196,7 +198,7 @@ class ResultPath(wiring.Component):
         # ``elt`` is set only with ``buf_valid`` and the buffer empties only once it is
         # clear, so ``elt`` alone says that an element is on offer.
         buf_free = ~elt
-        load = held_valid & buf_free
+        load = looked & buf_free
         ready = Signal()
         m.d.comb += self.drain.ready.eq(ready)
         got = self.drain.valid & ready
@@ -208,7 +210,7 @@ class ResultPath(wiring.Component):
                 m.d.comb += step_group.eq(1)
         keep = got & (junk == 0) & slot_rows[d_slot].bit_select(d_row, 1)
         # A block's first row is a multiple of R: with R a power of two its rows are an OR,
-        # not an adder, in front of the group position lookup.
+        # not an adder, on the FIFO head's way into ``held_row``.
         if rows & (rows - 1):
             in_row = (slot_row0[d_slot] + d_row)[:16]
         else:
@@ -217,6 +219,8 @@ class ResultPath(wiring.Component):
             m.d.sync += held_valid.eq(0)
         with m.If(keep):
             m.d.sync += held_valid.eq(1)
+        # ``held_row`` has held still for a cycle, so ``look`` is its row's entry.
+        m.d.sync += looked.eq(held_valid & ~load)
         # The next cycle's state, for ``ready``: a junk row to drop, or the group's blocks
         # known and ``held`` empty (a kept row and a load never share a cycle).
         junk_next = (junk > 1) | ((junk == 1) & ~set_end)
@@ -307,10 +311,9 @@ class ResultPath(wiring.Component):
         # The current row's position in registers: loaded with a piece, stepped with each
         # element and written back to the row's entry once the piece has no element left
         # (from registers: the element handshake drives no row decoder).  An entry keeps its
-        # row's group_hit, so that no compare follows the lookup.  The held row's entry (the
-        # FIFO head's while ``held`` is empty) is read into ``look`` registers a cycle
-        # ahead; a piece of the row being written back in its load cycle, or the cycle
-        # before, takes the written position instead.
+        # row's group_hit, so that no compare follows the lookup.  The held row's entry is
+        # read into ``look`` registers each cycle; a piece of the row being written back in
+        # its load cycle, or the cycle before, takes the written position instead.
         cur_gcol = Signal(8)
         cur_gidx = Signal(16)
         group_hit = Signal()                       # cur_gcol = GroupN - 1
@@ -393,13 +396,12 @@ class ResultPath(wiring.Component):
             m.d.sync += [buf_valid.eq(0),
                          gpos[row_index].eq(position)]
         new_row = held_row[:len(row_index)]
-        look_row = Mux(held_valid, held_row, in_row)[:len(row_index)]
         look = Signal(len(position))
         written = Signal(len(position))
         written_valid = Signal()
         written_row = Signal(len(row_index))
         # A multiplexer tree on the row's bits, not a decoder of every entry (issue #9).
-        m.d.sync += [look.eq(Cat(*gpos).word_select(look_row, len(position))),
+        m.d.sync += [look.eq(Cat(*gpos).word_select(new_row, len(position))),
                      written_valid.eq(write_back), written_row.eq(row_index),
                      written.eq(position)]
         first_piece = Cat(Const(0, len(cur_gcol) + len(cur_gidx)), group_end == 0)
