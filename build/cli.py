@@ -92,6 +92,17 @@ def _seed_list(text: str) -> tuple:
     return seeds
 
 
+def _positive(text: str) -> int:
+    """``--jobs``: a whole number from 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number from 1, not {text!r}")
+    return value
+
+
 def _seeds(args, brd, unit_preset=None) -> tuple:
     """The ``--seed`` list given, else the board's unit seeds for a build of its default
     unit (``unit_preset`` names the unit preset being built), else seed 1."""
@@ -130,6 +141,10 @@ def add_build_arguments(parser):
     parser.add_argument("--force", action="store_true",
                         help="build --design unit even where the unit does not fit the "
                              "board's FPGA")
+    parser.add_argument("--jobs", type=_positive, default=1, metavar="N",
+                        help="place and route up to N of the --seed list at once (after "
+                             "one synthesis); the first to finish gives the bitstream "
+                             "(default 1: in turn)")
 
 
 def run_build(args) -> int:
@@ -165,7 +180,7 @@ def run_build(args) -> int:
         router = args.router or (brd.unit_router if unit else None)
         result = build_bitstream(brd, top, out, seeds=_seeds(args, brd, unit and name),
                                  router=router, stall=args.stall or None,
-                                 progress=_report_stall,
+                                 jobs=args.jobs, progress=_report_stall,
                                  placer=placer, design=design_name, preset=name,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except ToolError as error:

@@ -33,9 +33,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
-           "StallWatch", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS", "run_watched",
-           "tool", "synthesize", "place_and_route", "result_from_files", "cell_counts",
-           "KEEP_COPIES"]
+           "StallWatch", "WatchedRun", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS",
+           "run_watched", "tool", "synthesize", "place_and_route", "result_from_files",
+           "cell_counts", "KEEP_COPIES"]
 
 
 class ToolError(RuntimeError):
@@ -121,38 +121,65 @@ class StallWatch:
         return RouterStalled(self.best, self.best_iteration, self.iteration)
 
 
+class WatchedRun:
+    """``args`` running in ``cwd`` in a process group of its own, polled without blocking.
+
+    ``watch``'s log is removed first, so that a log left by an earlier run is not read.
+    :meth:`poll` gives the finished process, or ``None`` while it runs; when ``watch``
+    finds router2 stalled it kills the group and raises :class:`RouterStalled` (router2
+    never gives up by itself on a design it cannot route).
+    """
+
+    def __init__(self, args: list, cwd: Path, *, watch: StallWatch | None = None,
+                 env: dict | None = None):
+        if watch is not None:
+            Path(watch.path).unlink(missing_ok=True)
+        self.args, self.watch = args, watch
+        self.proc = subprocess.Popen(args, cwd=cwd, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+
+    def poll(self, wait: float) -> subprocess.CompletedProcess | None:
+        """Wait up to ``wait`` seconds for the end; the finished process, or ``None``.
+        ``wait`` should be above 0: with no time at all, ``communicate`` may time out
+        before it has read the end of a finished process's output."""
+        try:
+            # communicate() may be retried after a timeout without losing output.
+            stdout, stderr = self.proc.communicate(timeout=wait)
+            return subprocess.CompletedProcess(self.args, self.proc.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.watch is not None and self.watch.poll():
+            self.kill()
+            raise self.watch.error()
+        return None
+
+    def kill(self):
+        """Stop the whole group (the script and the tools it started)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.communicate()
+
+
 def run_watched(args: list, cwd: Path, *, deadline: float | None = None,
                 late: str = "", watch: StallWatch | None = None, env: dict | None = None,
                 poll_seconds: float = 5.0) -> subprocess.CompletedProcess:
-    """Run ``args`` in ``cwd`` in its own process group and wait for it.
+    """Run ``args`` in ``cwd`` (a :class:`WatchedRun`) and wait for it.
 
-    The whole group (a build script and the tools it started) is killed when
-    ``time.monotonic()`` passes ``deadline`` (:class:`ToolError` with the message ``late``)
-    or when ``watch`` finds router2 stalled (:class:`RouterStalled`): router2 never gives up
-    by itself on a design it cannot route. ``watch``'s log is removed first, so that a log
-    left by an earlier run is not read. Returns the finished process with its output; the
-    caller judges the exit status.
+    The whole group is killed when ``time.monotonic()`` passes ``deadline``
+    (:class:`ToolError` with the message ``late``) or when ``watch`` finds router2 stalled
+    (:class:`RouterStalled`). Returns the finished process with its output; the caller
+    judges the exit status.
     """
-    if watch is not None:
-        Path(watch.path).unlink(missing_ok=True)
-    proc = subprocess.Popen(args, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    run = WatchedRun(args, cwd, watch=watch, env=env)
     while True:
         wait = poll_seconds
         if deadline is not None:
             wait = max(0.0, min(wait, deadline - time.monotonic()))
-        try:
-            # communicate() may be retried after a timeout without losing output.
-            stdout, stderr = proc.communicate(timeout=wait)
-            return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
-        except subprocess.TimeoutExpired:
-            pass
-        stalled = watch is not None and watch.poll()
-        if stalled or (deadline is not None and time.monotonic() >= deadline):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            if stalled:
-                raise watch.error()
+        done = run.poll(wait)
+        if done is not None:
+            return done
+        if deadline is not None and time.monotonic() >= deadline:
+            run.kill()
             raise ToolError(late)
 
 

@@ -679,18 +679,15 @@ class PanelFeed(FeedComponent):
                 self.feed.valid.eq(m2_valid), out_slot.eq(m2_slot), out_first.eq(m2_first),
                 out_null.eq(m2_null),
             ]
-        for i in range(rows):
-            lane = slice(64 * i, 64 * (i + 1))
-            with m.If(go_a[i]):
-                m.d.sync += [a_words[lane].eq(a_rd.data[lane]),
-                             out_a[i].eq(Mux(row_ok[i], extract(a_words[lane], a_nibble,
-                                                                run.a_log2w, 32), 0))]
-        for j in range(cols):
-            lane = slice(64 * j, 64 * (j + 1))
-            with m.If(go_b[j]):
-                m.d.sync += [b_words[lane].eq(b_rd.data[lane]),
-                             out_b[j].eq(Mux(col_ok[j], extract(b_words[lane], b_nibble,
-                                                                run.b_log2w, 32), 0))]
+        # Each lane's word and element registers move on that lane's copy of the enable.
+        for go_k, words, port, outs, ok, nibble, log2w in (
+                (go_a, a_words, a_rd, out_a, row_ok, a_nibble, run.a_log2w),
+                (go_b, b_words, b_rd, out_b, col_ok, b_nibble, run.b_log2w)):
+            for k, out in enumerate(outs):
+                lane = slice(64 * k, 64 * (k + 1))
+                with m.If(go_k[k]):
+                    m.d.sync += [words[lane].eq(port.data[lane]),
+                                 out.eq(Mux(ok[k], extract(words[lane], nibble, log2w, 32), 0))]
         m.d.comb += [*(beat.a[i].eq(out_a[i]) for i in range(rows)),
                      *(beat.b[j].eq(out_b[j]) for j in range(cols))]
         m.d.comb += [beat.a_type.eq(run.a_type), beat.b_type.eq(run.b_type),

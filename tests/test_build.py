@@ -241,7 +241,7 @@ def test_cli_build_unit_flow(monkeypatch):
 
     def fake_build(brd, top, out, **kwargs):
         asked.append((brd.name, kwargs["design"], top, kwargs["placer"], kwargs["router"],
-                      kwargs["seeds"]))
+                      kwargs["seeds"], kwargs["jobs"]))
         raise ToolError("stop here")
     monkeypatch.setattr(boards, "build_bitstream", fake_build)
     monkeypatch.setattr(boards, "BoardTop", lambda brd, design, **kwargs: design)
@@ -253,18 +253,19 @@ def test_cli_build_unit_flow(monkeypatch):
                  ["--board", "icebreaker"],
                  ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap",
                   "--router", "router1", "--preset", "ecp5-int8"],
-                 ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5,7"]):
+                 ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5,7", "--jobs", "2"]):
         assert _cli("build", *argv) == 1
     assert asked == [
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 1)),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (1, 2, 3)),
-        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,)),
-        ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,)),
-        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,)),
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7))]
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 1), 1),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (1, 2, 3), 1),
+        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,), 1),
+        ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,), 1),
+        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,), 1),
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7), 2)]
     assert _cli("synth", "--board", "ulx3s-85f", "--seed", "1,2") == 2
-    with pytest.raises(SystemExit):
-        _cli("build", "--board", "ulx3s-85f", "--seed", "1,x")
+    for bad in (["--seed", "1,x"], ["--jobs", "0"], ["--jobs", "two"]):
+        with pytest.raises(SystemExit):
+            _cli("build", "--board", "ulx3s-85f", *bad)
 
 
 def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
@@ -360,10 +361,11 @@ class _Blink(Elaboratable):
         return m
 
 
-def test_build_tries_the_next_seed_when_router2_stalls(tmp_path, monkeypatch):
-    # Stand-ins for yosys, nextpnr and ecppack behind the real amaranth build script: seed 1
-    # hovers at 5 overused wires, seed 3 routes. The sweep stops seed 1, keeps the netlist
-    # (one synthesis) and places again with seed 3; with seed 1 alone the build fails.
+def _stand_in_tools(tmp_path, monkeypatch, counts, pause="0.01"):
+    """Stand-ins for yosys, nextpnr and ecppack behind the real amaranth build script; each
+    call is logged in ``tmp_path/calls``. nextpnr logs router2 iterations with the overused
+    wire ``counts`` (a Python expression of ``seed``), ``pause`` seconds apart, and routes
+    when the last count is 0."""
     tools = tmp_path / "tools"
     tools.mkdir()
     calls = tmp_path / "calls"
@@ -371,25 +373,35 @@ def test_build_tries_the_next_seed_when_router2_stalls(tmp_path, monkeypatch):
 open({str(calls)!r}, "a").write("yosys\\n")
 json.dump({{"design": {{"num_cells_by_type": {{"LUT4": 30, "TRELLIS_FF": 24}}}}}},
           open("top.stat.json", "w"))
+open("top.json", "w").write("{{}}")
 """))
     monkeypatch.setenv("NEXTPNR_ECP5", _fake_tool(tools / "nextpnr", f"""
 seed = int(opt("--seed"))
 open({str(calls)!r}, "a").write(f"nextpnr {{seed}}\\n")
 log = open(opt("--log"), "w")
-counts = [900, 5] + [5, 7, 6] * 40 if seed == 1 else [900, 40, 0]
+counts = {counts}
 for i, n in enumerate(counts, start=1):
     log.write(f"Info:     iter={{i}} wires=1000 overused={{n}} overuse={{n}} archfail=NA\\n")
     log.flush()
-    time.sleep(0.01)
+    time.sleep({pause})
 if counts[-1]:
     sys.exit(1)
 json.dump({{"utilization": {{"TRELLIS_COMB": {{"used": 40, "available": 83640}}}},
            "fmax": {{"clk": {{"achieved": 90.0, "constraint": 25.0}}}}}}, open(opt("--report"), "w"))
-open(opt("--textcfg"), "w").write("config")
+open(opt("--textcfg"), "w").write(f"config {{seed}}")
 """))
     monkeypatch.setenv("ECPPACK", _fake_tool(tools / "ecppack", """
-open(opt("--bit"), "wb").write(b"bits" * 10)
+open(opt("--bit"), "wb").write(open(opt("--input"), "rb").read() * 2)
 """))
+    return calls
+
+
+def test_build_tries_the_next_seed_when_router2_stalls(tmp_path, monkeypatch):
+    # Seed 1 hovers at 5 overused wires, seed 3 routes. The sweep stops seed 1, keeps the
+    # netlist (one synthesis) and places again with seed 3; with seed 1 alone the build
+    # fails.
+    calls = _stand_in_tools(tmp_path, monkeypatch,
+                            "[900, 5] + [5, 7, 6] * 40 if seed == 1 else [900, 40, 0]")
     stalls = []
     result = boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out",
                                     seeds=(1, 3), stall=4, poll_seconds=0.05,
@@ -400,7 +412,7 @@ open(opt("--bit"), "wb").write(b"bits" * 10)
     assert stalls[0][1].iteration >= 6 and result.stalled == stalls
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["seed"] == 3 and summary["stalled"][0]["seed"] == 1
-    assert (tmp_path / "out" / "top.bit").read_bytes() == b"bits" * 10
+    assert (tmp_path / "out" / "top.bit").read_bytes() == b"config 3" * 2
     assert "overused=7" in (tmp_path / "out" / "top.seed1.tim").read_text()
     assert "overused=7" not in (tmp_path / "out" / "top.tim").read_text()
     with pytest.raises(pnr.RouterStalled, match="5 overused wires at iteration 2"):
@@ -410,6 +422,38 @@ open(opt("--bit"), "wb").write(b"bits" * 10)
     with pytest.raises(ToolError, match="build failed"):
         boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out2", seeds=(1,),
                                stall=None, poll_seconds=0.05)
+
+
+def test_build_routes_seeds_side_by_side(tmp_path, monkeypatch):
+    # With two jobs: one synthesis, then seeds 1 and 3 at once; seed 1 stalls and seed 5
+    # takes its place; seed 3 routes first, so seed 5 (still converging) is stopped.
+    calls = _stand_in_tools(tmp_path, monkeypatch,
+                            "{3: [int(900 * 0.85 ** i) + 1 for i in range(30)] + [0],"
+                            " 5: [int(9000 * 0.94 ** i) + 1 for i in range(120)]}"
+                            ".get(seed, [900, 5] + [5, 7, 6] * 40)", pause="0.02")
+    stalls = []
+    out = tmp_path / "out"
+    result = boards.build_bitstream(board("ulx3s-85f"), _Blink(), out, seeds=(1, 3, 5),
+                                    jobs=2, stall=4, poll_seconds=0.02,
+                                    progress=lambda seed, error: stalls.append((seed, error)))
+    lines = calls.read_text().split("\n")[:-1]
+    assert lines[0] == "yosys" and sorted(lines[1:3]) == ["nextpnr 1", "nextpnr 3"]
+    assert lines[3:] == ["nextpnr 5"]
+    assert result.figures.seed == 3 and result.figures.timing_met
+    assert [seed for seed, _ in stalls] == [1] and result.stalled == stalls
+    assert result.stopped == [5]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seed"] == 3 and summary["stopped"] == [5]
+    assert (out / "top.bit").read_bytes() == b"config 3" * 2
+    assert "overused=0" in (out / "top.tim").read_text()
+    assert "overused=7" in (out / "top.seed1.tim").read_text()
+    assert "overused=9001" in (out / "top.seed5.tim").read_text()
+    assert not [path for path in out.iterdir() if path.is_dir()]
+    # Every seed stalls: the last one's error.
+    calls.unlink()
+    with pytest.raises(pnr.RouterStalled):
+        boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out1", seeds=(1, 7),
+                               jobs=2, stall=4, poll_seconds=0.02)
 
 
 @pytest.mark.parametrize("in_mhz", [12, 25, 48, 100])
