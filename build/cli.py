@@ -14,6 +14,9 @@
 * ``synth --paths [--preset NAME] [--freq MHZ] [--netlist JSON]``: the design synthesized for
   the ECP5-85F, or a given netlist, and its estimated paths longer than the clock period, by
   component (:mod:`~ptocube.build.paths`); no place and route.
+* ``synth --placed JSON [--far TILES]``: a netlist nextpnr wrote after placement, its nets by
+  the distance from driver to farthest sink and its densest window
+  (:mod:`~ptocube.build.placement`); ``synth --routed REPORT``: a finished route's long wires.
 * ``verilog --preset NAME -o FILE.v``: the unit's Verilog.
 """
 
@@ -235,6 +238,16 @@ def add_synth_arguments(parser):
                         help="read a finished place and route's nextpnr --report JSON (e.g. a "
                              "build's top.report.json): its Fmax, critical path and the "
                              "flip-flop outputs with the longest routes (--rows of them)")
+    parser.add_argument("--placed", metavar="JSON",
+                        help="read a netlist nextpnr wrote after placement (--no-route "
+                             "--write placed.json): the signals whose nets reach --far tiles "
+                             "or more (--rows of them) and the components of the densest "
+                             "window (--depth parts of their names, default 4); a netlist "
+                             "not placed yet (a build's top.json) is placed first on "
+                             "--board's FPGA with --seed (placed-seedN.json beside it)")
+    parser.add_argument("--far", type=int, default=60, metavar="TILES",
+                        help="--placed: list nets whose farthest sink is at least this many "
+                             "tiles from the driver (default 60)")
     parser.add_argument("--family", choices=("ecp5", "ice40"),
                         help="FPGA family of --breakdown / --timing (default: the board's)")
     parser.add_argument("--parts", help="--breakdown / --timing: comma-separated part paths "
@@ -251,6 +264,8 @@ def run_synth(args) -> int:
         return 2
     if args.routed:
         return _run_routed(args)
+    if args.placed:
+        return _run_placed(args)
     if args.paths:
         return _run_paths(args)
     if args.breakdown or args.timing:
@@ -339,6 +354,45 @@ def _run_routed(args) -> int:
     report = routed_report(json.loads(path.read_text()),
                            json.loads(netlist.read_text()) if netlist.is_file() else None)
     return _print_report(args, report, str(path))
+
+
+def _run_placed(args) -> int:
+    """``synth --placed``: where a placement puts the long wires and the crowded ones.  A
+    netlist not yet placed (a build's ``top.json``) is placed first on ``--board``'s FPGA,
+    with the pin constraints beside it, ``--seed`` and the unit's placer (or ``--placer``)."""
+    from .placement import analyse
+    from .pnr import ToolError, place_only
+    path = Path(args.placed)
+    if not path.is_file():
+        print(f"error: no netlist at {path}", file=sys.stderr)
+        return 2
+    netlist = json.loads(path.read_text())
+    if not _is_placed(netlist):
+        if args.board is None:
+            print(f"error: {path} is not placed: give --board to place it (or a netlist "
+                  "nextpnr wrote with --no-route --write)", file=sys.stderr)
+            return 2
+        brd = board(args.board)
+        seed = args.seed[0] if args.seed else 1
+        kind = "lpf" if brd.device.family == "ecp5" else "pcf"
+        pins = path.with_name(f"top.{kind}")
+        try:
+            path = place_only(path, brd.device, seed=seed,
+                              placer=args.placer or brd.unit_placer,
+                              constraints=pins if pins.is_file() else None)
+        except ToolError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        netlist = json.loads(path.read_text())
+    report = analyse(netlist, far=args.far, depth=4 if args.depth is None else args.depth)
+    return _print_report(args, report, str(path))
+
+
+def _is_placed(netlist: dict) -> bool:
+    """Whether nextpnr placed the cells of ``netlist`` (it marks each with its site)."""
+    return any("NEXTPNR_BEL" in cell.get("attributes", {})
+               for module in netlist["modules"].values()
+               for cell in module.get("cells", {}).values())
 
 
 def _run_by_part(args) -> int:

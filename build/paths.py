@@ -21,9 +21,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["DelayModel", "Endpoint", "WideNet", "PathsReport", "analyse", "unit_paths",
-           "preset_paths", "bench_paths",
-           "BENCH_PATHS"]
+__all__ = ["DelayModel", "Endpoint", "WideNet", "PathsReport", "Netlist", "analyse", "part_of",
+           "unit_paths", "preset_paths", "bench_paths", "BENCH_PATHS"]
 
 # Yosys names a mapped cell after the net it drives plus its type and port
 # (``store.read_word_TRELLIS_FF_Q_50``); the signal is what comes before the type.
@@ -153,8 +152,9 @@ class Endpoint:
         return max(0, len(self.path) - 1)
 
 
-class _Netlist:
-    """Drivers, loads and readable names of one flattened module's bits."""
+class Netlist:
+    """Drivers, loads and readable names of one flattened module's bits (yosys's JSON, or
+    nextpnr's, which keeps the same names)."""
 
     def __init__(self, module: dict):
         self.cells = module["cells"]
@@ -185,7 +185,7 @@ class _Netlist:
         return known[1] if known else f"${bit}"
 
 
-def _arrivals(net: _Netlist, model: DelayModel):
+def _arrivals(net: Netlist, model: DelayModel):
     """Arrival time and predecessor of every driven bit, by a depth-first walk that treats a
     combinational loop's back edge as a path start (synthesis should leave none)."""
     arrival, previous, visiting = {}, {}, set()
@@ -237,7 +237,7 @@ def _arrivals(net: _Netlist, model: DelayModel):
     return arrival, previous, resolve
 
 
-def _hop(net: _Netlist, model: DelayModel, cell: dict, source: int) -> float:
+def _hop(net: Netlist, model: DelayModel, cell: dict, source: int) -> float:
     """The routing delay from ``source``'s driver into ``cell``."""
     driver = net.driver.get(source)
     if driver is None:
@@ -257,7 +257,7 @@ def part_of(signal: str, depth: int | None = None) -> str:
     return ".".join(parts[:depth] if depth else parts)
 
 
-def _signal(net: "_Netlist", cell_name: str, cell: dict, port: str) -> str:
+def _signal(net: "Netlist", cell_name: str, cell: dict, port: str) -> str:
     """The captured signal: a flip-flop's output net, or ``memory:PORT`` for the input
     ``PORT`` of a block RAM, DSP or LUT RAM (its bit and block indices dropped)."""
     if cell["type"] == "TRELLIS_FF":
@@ -366,7 +366,7 @@ def analyse(netlist: dict, *, budget_ns: float = 10.0, depth: int | None = None,
     if top is None:
         tops = [n for n, m in modules.items() if int(m.get("attributes", {}).get("top", 0) or 0)]
         top = tops[0] if tops else next(iter(modules))
-    net = _Netlist(modules[top])
+    net = Netlist(modules[top])
     arrival, previous, resolve = _arrivals(net, model)
 
     def endpoint(bit, setup, signal):
@@ -404,7 +404,7 @@ def analyse(netlist: dict, *, budget_ns: float = 10.0, depth: int | None = None,
                        fanout)
 
 
-def _wide_nets(net: _Netlist, model: DelayModel, arrival: dict, resolve, fanout: int) -> list:
+def _wide_nets(net: Netlist, model: DelayModel, arrival: dict, resolve, fanout: int) -> list:
     """The nets driven by a combinational cell output with at least ``fanout`` sinks."""
     sinks = Counter(bit for cell in net.cells.values()
                     for port, bits in cell["connections"].items()

@@ -35,7 +35,7 @@ from amaranth.lib.wiring import In, Out
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
            "StallWatch", "WatchedRun", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS",
            "run_watched", "tool", "synthesize", "place_and_route", "result_from_files",
-           "cell_counts", "KEEP_COPIES"]
+           "cell_counts", "place_only", "KEEP_COPIES"]
 
 
 class ToolError(RuntimeError):
@@ -534,3 +534,31 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
     return result_from_files(device, workdir / f"{top_name}.stat.json",
                              workdir / f"{top_name}.report.json", seed=seed,
                              seconds=round(time.monotonic() - start, 2))
+
+
+def place_only(netlist, device: Device, *, seed: int = 1, placer: str | None = None,
+               constraints=None, timeout: float | None = None) -> Path:
+    """Place a synthesized ``netlist`` (yosys JSON, e.g. a build's ``top.json``) on ``device``
+    without routing; returns the placed netlist nextpnr wrote beside it,
+    ``placed-seed<seed>.json`` (log ``placed-seed<seed>.log``).
+
+    constraints: the board's pin constraints (a build's ``top.lpf`` / ``top.pcf``); without
+                 them unconstrained pins are allowed.  placer: as :func:`place_and_route`.
+    A placement of the 8 x 8 unit takes about five minutes where its route takes an hour:
+    :mod:`~ptocube.build.placement` reads the result.
+    """
+    netlist = Path(netlist).resolve()
+    workdir = netlist.parent
+    name = f"placed-seed{seed}"
+    args = [tool(f"yowasp-nextpnr-{device.family}"), *device.nextpnr_args,
+            "--json", netlist.name, "--seed", str(seed), "--timing-allow-fail", "--no-route",
+            "--write", f"{name}.json", "--log", f"{name}.log", "--quiet"]
+    kind = "lpf" if device.family == "ecp5" else "pcf"
+    if constraints is not None:
+        args += [f"--{kind}", str(Path(constraints).resolve())]
+    else:
+        args += [f"--{kind}-allow-unconstrained"]
+    if placer is not None:
+        args += ["--placer", placer]
+    _run(args, workdir, f"{name}.log", timeout)
+    return workdir / f"{name}.json"
