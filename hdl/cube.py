@@ -27,7 +27,7 @@ path through a FIFO.
 ``docs/hdl-cube.md`` describes the schedule and the figures.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -129,29 +129,39 @@ class CubeEngine(wiring.Component):
         beat_shape = array.feed.payload.shape()
         head, skid = Signal(beat_shape, name="beat_head"), Signal(beat_shape, name="beat_skid")
         head_valid, skid_valid = Signal(), Signal()
-        in_beat = Mux(buffered, panels.feed.payload.as_value(), feed.feed.payload.as_value())
+        in_beat = beat_shape(Mux(buffered, panels.feed.payload.as_value(),
+                                 feed.feed.payload.as_value()))
         in_take = Mux(buffered, panels.feed.valid, feed.feed.valid) & ~skid_valid
         # The buffered feed's ready (``buffered & ~skid_valid``) is a flip-flop of its own,
         # loaded with the value it will have: it is the enable of that feed's output
         # stages, about 2,000 register and block-RAM inputs (decision 30), split among
         # copies, one per output lane (issue #9).
         head_free = ~head_valid | array.feed.ready
-        panels_go = register_copies(m, usable & ~Mux(head_free, 0, skid_valid | in_take),
-                                    len(panels.go), "panels_go")
+        skid_next = Mux(head_free, 0, skid_valid | in_take)
+        panels_go = register_copies(m, usable & ~skid_next, len(panels.go), "panels_go")
         m.d.comb += [
             array.feed.valid.eq(head_valid), array.feed.payload.eq(head),
             panels.go.eq(Cat(*panels_go)), panels.feed.ready.eq(panels_go[-1]),
             feed.feed.ready.eq(~buffered & ~skid_valid),
         ]
+        m.d.sync += skid_valid.eq(skid_next)
         with m.If(head_free):
-            m.d.sync += [head_valid.eq(skid_valid | in_take), skid_valid.eq(0),
-                         head.eq(Mux(skid_valid, skid.as_value(), in_beat))]
-        with m.Elif(in_take):
-            m.d.sync += skid_valid.eq(1)
+            m.d.sync += head_valid.eq(skid_valid | in_take)
         # An empty skid copies the offered beat in every cycle: its enable is a flip-flop,
-        # not the handshake.
-        with m.If(~skid_valid):
-            m.d.sync += skid.eq(in_beat)
+        # not the handshake.  That flip-flop and the head's choice between skid and offer
+        # reach the ~540 data registers as copies of ``skid_valid``, one per A and B lane
+        # and one for the rest, each near its lane (issue #9).
+        skid_full = register_copies(m, skid_next, cfg.rows + cfg.cols + 1, "skid_full")
+        lanes = [(head.a[i], skid.a[i], in_beat.a[i]) for i in range(cfg.rows)]
+        lanes += [(head.b[j], skid.b[j], in_beat.b[j]) for j in range(cfg.cols)]
+        rest = [name for name, _ in beat_shape if name not in ("a", "b")]
+        lanes.append(tuple(Cat(*(Value.cast(beat[n]) for n in rest))
+                           for beat in (head, skid, in_beat)))
+        for full, (to_head, to_skid, offered) in zip(skid_full, lanes):
+            with m.If(head_free):
+                m.d.sync += to_head.eq(Mux(full, to_skid, offered))
+            with m.If(~full):
+                m.d.sync += to_skid.eq(offered)
         wiring.connect(m, fill.fill, array.fill)
         # Drained rows wait in a FIFO (4 groups' worth), so that the array's exchanges go on
         # while the result path is still writing D's zero prefill at the start of a run.
