@@ -1302,6 +1302,14 @@ class TileStore(wiring.Component):
         cfg_shared = Signal(self.shared_entry, name="cfg_shared")
         fm_part_no = cmd.addr[:3]
         last_bits = FEATURE_MAP_DESCRIPTOR.size - 64 * (FM_PARTS - 1)
+        # WRITE_FM's address and data come from registers of their own, loaded from the
+        # command register in every cycle (valid from HOST_FACTS, written in HOST): the
+        # command reaches the feature-map block RAMs register to register (T36).
+        fm_wr_addr = Signal(len(fm_wr.addr), name="fm_wr_addr")
+        fm_wr_data = Signal(64, name="fm_wr_data")
+        m.d.sync += [fm_wr_addr.eq(Cat(idx[:6], space[:2], fm_part_no)),
+                     fm_wr_data.eq(Mux(fm_part_no == FM_PARTS - 1, cmd.data[:last_bits],
+                                       cmd.data))]
         l_entry = Signal(self.local_entry, name="l_wr_entry")
         s_entry = Signal(self.shared_entry, name="s_wr_entry")
         m.d.comb += [
@@ -1318,8 +1326,7 @@ class TileStore(wiring.Component):
             s_wr.addr.eq(idx), s_wr.data.eq(s_entry), s_wr.data.clean.eq(s_entry.undef == 0),
             # The last part keeps only the descriptor's bits.
             fm_wr.en.eq(h_ok[HostOp.WRITE_FM.value]),
-            fm_wr.addr.eq(Cat(idx[:6], space[:2], fm_part_no)),
-            fm_wr.data.eq(Mux(fm_part_no == FM_PARTS - 1, cmd.data[:last_bits], cmd.data)),
+            fm_wr.addr.eq(fm_wr_addr), fm_wr.data.eq(fm_wr_data),
             g_wr.en.eq(h_ok[HostOp.WRITE_GPR.value]), g_wr.addr.eq(idx[:5]),
             g_wr.data.eq(cmd.data),
             g_low_wr.en.eq(h_ok[HostOp.WRITE_GPR.value]),
