@@ -807,6 +807,12 @@ class TileStore(wiring.Component):
         # of range or zero, and CONFIGURE's checks of the staged descriptor.
         f_op = Signal(len(HostOp), name="f_op")
         f_addr = Signal(8, name="f_addr")
+        # ``addr`` below each bound a check tests, and a read-only system register: every
+        # address check is then one flip-flop, not an OR of ``f_addr`` bits (T37).
+        addr_bounds = {"desc_part": 2, "desc": max(1, DESC_PART_BASE, DESC_PART_UNDEFINED) + 1,
+                       "sys": len(SysReg), "fm": FM_PARTS}
+        f_addr_in = {name: Signal(name=f"f_addr_in_{name}") for name in addr_bounds}
+        f_sys_read_only = Signal(name="f_sys_read_only")
         f_gpr_bad, f_gpr_zero = Signal(), Signal()
         f_cfg_bad, f_cfg_big = Signal(), Signal()
         need = Mux(is_pe, staged_l.cells, staged_s.cells)
@@ -859,7 +865,7 @@ class TileStore(wiring.Component):
         ops = {op: f_op[op.value] for op in HostOp}
         not_allocated = (~f_allocated, HostError.NOT_ALLOCATED)
         checks = {
-            HostOp.DESC_PART: [(~f_addr[:2].any(), HostError.OUT_OF_RANGE)],
+            HostOp.DESC_PART: [(~f_addr_in["desc_part"], HostError.OUT_OF_RANGE)],
             HostOp.CONFIGURE: [(f_allocated, HostError.ALLOCATED),
                                (f_cfg_bad, HostError.BAD_DESCRIPTOR),
                                (f_cfg_big, HostError.NO_SPACE)],
@@ -870,20 +876,16 @@ class TileStore(wiring.Component):
             HostOp.READ_FLAGS: [not_allocated, (~f_flag_ok, HostError.OUT_OF_RANGE),
                                 (f_cube_synth, HostError.NOT_EXPLICIT)],
             HostOp.SET_UNDEFINED: [not_allocated, (f_wide, HostError.OUT_OF_RANGE)],
-            HostOp.READ_DESC: [
-                (~f_addr[:max(1, DESC_PART_BASE, DESC_PART_UNDEFINED) + 1].any(),
-                 HostError.OUT_OF_RANGE)],
+            HostOp.READ_DESC: [(~f_addr_in["desc"], HostError.OUT_OF_RANGE)],
             HostOp.WRITE_GPR: [(f_gpr_zero | f_gpr_bad, HostError.BAD_INDEX)],
             HostOp.READ_GPR: [(f_gpr_bad, HostError.BAD_INDEX)],
-            HostOp.WRITE_SYS: [
-                (Cat(*(f_addr[r.value] for r in (SysReg.CAPACITY_IN_USE, SysReg.ALLOCATED,
-                                                 SysReg.BUILD))).any(), HostError.READ_ONLY),
-                (~f_addr[:len(SysReg)].any(), HostError.BAD_INDEX)],
-            HostOp.READ_SYS: [(~f_addr[:len(SysReg)].any(), HostError.BAD_INDEX)],
+            HostOp.WRITE_SYS: [(f_sys_read_only, HostError.READ_ONLY),
+                               (~f_addr_in["sys"], HostError.BAD_INDEX)],
+            HostOp.READ_SYS: [(~f_addr_in["sys"], HostError.BAD_INDEX)],
         }
         for op in (HostOp.WRITE_FM, HostOp.READ_FM):
             checks[op] = [(~is_pe, HostError.BAD_SPACE), not_allocated,
-                          (~f_addr[:FM_PARTS].any(), HostError.OUT_OF_RANGE)]
+                          (~f_addr_in["fm"], HostError.OUT_OF_RANGE)]
         op_errors = []
         for op in HostOp:
             error = Const(HostError.NONE.value, HostError.as_shape())
@@ -1252,6 +1254,9 @@ class TileStore(wiring.Component):
             f_ends[0].eq(le.base + le.desc.cells), f_ends[1].eq(se.base + se.desc.cells),
             f_op.eq(Cat(*(cmd.op == o for o in HostOp))),
             f_addr.eq(Cat(*(cmd.addr == k for k in range(len(f_addr))))),
+            *(f_addr_in[name].eq(cmd.addr < bound) for name, bound in addr_bounds.items()),
+            f_sys_read_only.eq(Cat(*(cmd.addr == r.value for r in (
+                SysReg.CAPACITY_IN_USE, SysReg.ALLOCATED, SysReg.BUILD))).any()),
             f_gpr_bad.eq(idx >= GPR_COUNT), f_gpr_zero.eq(idx == 0),
             f_cfg_bad.eq(Mux(is_pe, ~staged_l.allocated, staged_s.allocation_mask == 0)
                          | (need == 0)),

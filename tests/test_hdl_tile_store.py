@@ -14,8 +14,9 @@ from amaranth.hdl import Module, Signal, Value
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
-from ptocube.hdl.host import (FM_PARTS, HostCommand, HostError, HostOp, SysReg, build_info,
-                              decode_response, encode_command, join_parts, split_parts)
+from ptocube.hdl.host import (DESC_PART_UNDEFINED, FM_PARTS, HostCommand, HostError, HostOp,
+                              SysReg, build_info, decode_response, encode_command, join_parts,
+                              split_parts)
 from ptocube.hdl.img2col import FEATURE_MAP_DESCRIPTOR
 from ptocube.hdl.tile_desc import (OutputRole, SharedDescLayout, TileDescLayout, encode_shared,
                                    encode_tile, shared_defined, tile_defined)
@@ -361,6 +362,12 @@ def test_host_errors_and_replacement():
         await stage(ctx, transact, 0)
         await do("bad_desc", HostCommand(HostOp.CONFIGURE, 1, 6))
         await do("in_use", HostCommand(HostOp.READ_SYS, addr=SysReg.CAPACITY_IN_USE.value))
+        # Each address check at its bound: the first address past it is refused.
+        await do("range_part", HostCommand(HostOp.DESC_PART, addr=2, data=1))
+        await do("range_desc", HostCommand(HostOp.READ_DESC, 1, 5, DESC_PART_UNDEFINED + 1))
+        await do("range_sys", HostCommand(HostOp.READ_SYS, addr=len(SysReg)))
+        await do("range_fm", HostCommand(HostOp.WRITE_FM, 1, 5, FM_PARTS, 1))
+        await do("last_fm", HostCommand(HostOp.READ_FM, 1, 5, FM_PARTS - 1))
 
     _run(bench)
     assert results["cfg_a"].ok and results["cfg_a"].data == 0
@@ -371,9 +378,12 @@ def test_host_errors_and_replacement():
                 "range_word": HostError.OUT_OF_RANGE, "range_flags": HostError.OUT_OF_RANGE,
                 "fm_shared": HostError.BAD_SPACE, "read_only": HostError.READ_ONLY,
                 "free_empty": HostError.NOT_ALLOCATED, "too_big": HostError.NO_SPACE,
-                "bad_desc": HostError.BAD_DESCRIPTOR}
+                "bad_desc": HostError.BAD_DESCRIPTOR, "range_part": HostError.OUT_OF_RANGE,
+                "range_desc": HostError.OUT_OF_RANGE, "range_sys": HostError.BAD_INDEX,
+                "range_fm": HostError.OUT_OF_RANGE}
     assert {k: results[k].error for k in expected} == expected
     assert results["free_a"].ok and results["in_use"].data == 2048
+    assert results["last_fm"].ok
 
 
 def test_feature_map_parts_are_written_alone():
