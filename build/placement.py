@@ -9,6 +9,9 @@ placed.json`` (or ``--write`` after routing): the netlist with a ``NEXTPNR_BEL``
 
 This module reads such a netlist and gives
 
+* **wirelength**: the sum of the nets' half-perimeters, the figure nextpnr's placer
+  minimizes (its log's ``wirelen``); across seeds of one netlist, the placements that
+  router2 finished had the lower figures;
 * **far nets**: for every net, the Manhattan distance in tiles from its driver to its
   farthest sink, grouped by the driving signal (the bits of one register together);
 * **congestion**: the RUDY estimate (rectangular uniform wire density: each net spreads its
@@ -60,6 +63,7 @@ class PlacementReport:
 
     cells: int                          # placed cells
     nets: int                           # nets measured (two or more placed pins)
+    wirelength: int                     # their half-perimeters, in tiles
     far: int                            # the distance, in tiles, that makes a net far
     histogram: dict                     # distance rounded down to 20 tiles -> nets
     signals: list = field(default_factory=list)    # FarSignal, longest first
@@ -74,8 +78,9 @@ class PlacementReport:
     def table(self, rows: int = 25) -> str:
         """The far signals, longest first, then the densest window's components."""
         w = self.window
-        lines = [f"{self.cells} placed cells, {self.nets} nets; {self.far_nets} nets reach "
-                 f"{self.far} tiles or more from their driver",
+        lines = [f"{self.cells} placed cells, {self.nets} nets, wirelength {self.wirelength} "
+                 f"tiles; {self.far_nets} nets reach {self.far} tiles or more from their "
+                 "driver",
                  "nets by farthest sink (tiles): " + ", ".join(
                      f"{k}-{k + 19}: {v}" for k, v in sorted(self.histogram.items())),
                  "", f"{'tiles':>5} {'bits':>5} {'sinks':>6}  driver      signal"]
@@ -93,7 +98,8 @@ class PlacementReport:
 
     def to_json(self) -> dict:
         """The report as plain data."""
-        return {"cells": self.cells, "nets": self.nets, "far": self.far,
+        return {"cells": self.cells, "nets": self.nets, "wirelength": self.wirelength,
+                "far": self.far,
                 "far_nets": self.far_nets,
                 "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
                 "signals": [asdict(s) for s in self.signals], "window": self.window,
@@ -139,7 +145,7 @@ def analyse(netlist: dict, *, far: int = 60, window: int = 16, depth: int | None
     width = max(x for x, _ in where.values()) + 1
     height = max(y for _, y in where.values()) + 1
     demand = [[0.0] * height for _ in range(width)]
-    histogram, measured = Counter(), 0
+    histogram, measured, wirelength = Counter(), 0, 0
     longest = {}
     boxes = []
     for bit, points in sinks.items():
@@ -154,6 +160,7 @@ def analyse(netlist: dict, *, far: int = 60, window: int = 16, depth: int | None
         xs, ys = [x0, *(x for x, _ in points)], [y0, *(y for _, y in points)]
         box = (min(xs), max(xs), min(ys), max(ys))
         boxes.append((bit, box))
+        wirelength += box[1] - box[0] + box[3] - box[2]
         # RUDY: the net's half-perimeter spread over its bounding box.
         area = (box[1] - box[0] + 1) * (box[3] - box[2] + 1)
         density = (box[1] - box[0] + box[3] - box[2] + 1) / area
@@ -184,7 +191,8 @@ def analyse(netlist: dict, *, far: int = 60, window: int = 16, depth: int | None
                     (bx1 - bx0 + by1 - by0 + 1) / area * ox * oy
         total = sum(load.values())
         parts = [(p, v / total) for p, v in load.most_common()]
-    return PlacementReport(placed, measured, far, dict(histogram), signals, best, parts)
+    return PlacementReport(placed, measured, wirelength, far, dict(histogram), signals, best,
+                           parts)
 
 
 def _densest(demand, width: int, height: int, size: int) -> dict:

@@ -62,6 +62,9 @@ def test_far_nets_are_grouped_by_register_and_ranked_by_distance():
     assert report.cells == 3 * 3 + 2 + 1 + 2 + 80
     # Every driven net with a placed sink, less the packer's constant.
     assert report.nets == 3 + 2 + 40
+    # Half-perimeters: 75, 74, 73 for the register's bits (driver (0, 0), sinks up to
+    # (70, 5 - i) and (1, 0)), 65 for each RAM address bit, 6 for each knot net.
+    assert report.wirelength == 75 + 74 + 73 + 2 * 65 + 40 * 6
     first, second = report.signals
     # The register's three bits are one signal; the farthest sink of bit 0 is 70 + 5 tiles.
     assert (first.signal, first.tiles, first.bits, first.sinks, first.driver) == \
