@@ -232,7 +232,8 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                     router: str | None = None, placer: str | None = None,
                     design: str | None = None, preset: str | None = None,
                     timeout: float | None = None, stall: int | None = STALL_ITERATIONS,
-                    jobs: int = 1, progress=None, poll_seconds: float = 5.0) -> BuildResult:
+                    jobs: int = 1, heatmap: bool = False, progress=None,
+                    poll_seconds: float = 5.0) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
     ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design`` and
     ``preset``, what ``top`` carries, e.g. ``unit`` of ``ecp5-int4``, and the placer, router
@@ -248,7 +249,9 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     seeds are placed and routed at once, each in a directory ``seedN`` of its own: the
     first to finish gives the build's files, the others are stopped (their seeds in
     :attr:`BuildResult.stopped`, their logs kept as ``top.seedN.tim``), and a stalled seed
-    makes room for the next. Timing is not enforced by nextpnr
+    makes room for the next. ``heatmap``: router2 writes its congestion maps of every
+    iteration into ``heat/seedN/`` (``h_congestion_by_net_I.csv``, read by ``ptocube synth
+    --congestion``), kept for every seed. Timing is not enforced by nextpnr
     (``--timing-allow-fail``) so that a miss still gives a report;
     :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
     Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails, the tools together take
@@ -271,6 +274,12 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
         nextpnr_opts += ["--router", router]
     if placer is not None:
         nextpnr_opts += ["--placer", placer]
+    if heatmap:
+        # An absolute prefix: the seeds of --jobs run in directories of their own.
+        for seed in seeds:
+            (out / "heat" / f"seed{seed}").mkdir(parents=True, exist_ok=True)
+        nextpnr_opts += ["--router2-heatmap",
+                         f"{out}/heat/seed${{PTOCUBE_SEED:-{seeds[0]}}}/h"]
     overrides = {"nextpnr_opts": " ".join(nextpnr_opts),
                  "script_after_read": "\n".join(KEEP_COPIES),
                  "script_after_synth": "tee -q -o top.stat.json stat -json"}

@@ -16,7 +16,8 @@
   component (:mod:`~ptocube.build.paths`); no place and route.
 * ``synth --placed JSON [--far TILES]``: a netlist nextpnr wrote after placement, its nets by
   the distance from driver to farthest sink and its densest window
-  (:mod:`~ptocube.build.placement`); ``synth --routed REPORT``: a finished route's long wires.
+  (:mod:`~ptocube.build.placement`); ``synth --congestion CSV|DIR``: router2's overuse by
+  component and signal; ``synth --routed REPORT``: a finished route's long wires.
 * ``verilog --preset NAME -o FILE.v``: the unit's Verilog.
 """
 
@@ -144,6 +145,9 @@ def add_build_arguments(parser):
     parser.add_argument("--force", action="store_true",
                         help="build --design unit even where the unit does not fit the "
                              "board's FPGA")
+    parser.add_argument("--heatmap", action="store_true",
+                        help="router2 writes its congestion of every iteration into "
+                             "OUT/heat/seedN/ (read them with ptocube synth --congestion)")
     parser.add_argument("--jobs", type=_positive, default=1, metavar="N",
                         help="place and route up to N of the --seed list at once (after "
                              "one synthesis); the first to finish gives the bitstream "
@@ -183,7 +187,8 @@ def run_build(args) -> int:
         router = args.router or (brd.unit_router if unit else None)
         result = build_bitstream(brd, top, out, seeds=_seeds(args, brd, unit and name),
                                  router=router, stall=args.stall or None,
-                                 jobs=args.jobs, progress=_report_stall,
+                                 jobs=args.jobs, heatmap=args.heatmap,
+                                 progress=_report_stall,
                                  placer=placer, design=design_name, preset=name,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except ToolError as error:
@@ -245,6 +250,10 @@ def add_synth_arguments(parser):
                              "window (--depth parts of their names, default 4); a netlist "
                              "not placed yet (a build's top.json) is placed first on "
                              "--board's FPGA with --seed (placed-seedN.json beside it)")
+    parser.add_argument("--congestion", metavar="CSV|DIR",
+                        help="read a router2 heatmap of the overuse by net (a build's "
+                             "heat/seedN/h_congestion_by_net_I.csv, or its directory for the "
+                             "last iteration): components (--depth) and signals, most first")
     parser.add_argument("--far", type=int, default=60, metavar="TILES",
                         help="--placed: list nets whose farthest sink is at least this many "
                              "tiles from the driver (default 60)")
@@ -266,6 +275,8 @@ def run_synth(args) -> int:
         return _run_routed(args)
     if args.placed:
         return _run_placed(args)
+    if args.congestion:
+        return _run_congestion(args)
     if args.paths:
         return _run_paths(args)
     if args.breakdown or args.timing:
@@ -385,6 +396,27 @@ def _run_placed(args) -> int:
             return 1
         netlist = json.loads(path.read_text())
     report = analyse(netlist, far=args.far, depth=4 if args.depth is None else args.depth)
+    return _print_report(args, report, str(path))
+
+
+def _run_congestion(args) -> int:
+    """``synth --congestion``: what router2 found crowded in one iteration."""
+    from .placement import congestion
+    path = Path(args.congestion)
+    if path.is_dir():
+        # The last iteration written (a running router may have opened the next one).
+        maps = sorted((p for p in path.glob("*_congestion_by_net_*.csv") if p.stat().st_size),
+                      key=lambda p: int(p.stem.rpartition("_")[2]))
+        if not maps:
+            print(f"error: no router2 heatmap (*_congestion_by_net_*.csv) in {path}",
+                  file=sys.stderr)
+            return 2
+        path = maps[-1]
+    if not path.is_file():
+        print(f"error: no heatmap at {path}", file=sys.stderr)
+        return 2
+    report = congestion(path.read_text(), depth=4 if args.depth is None else args.depth,
+                        name=path.name)
     return _print_report(args, report, str(path))
 
 

@@ -18,7 +18,9 @@ This module reads such a netlist and gives
   half-perimeter evenly over its bounding box), the densest window of the device and the
   components whose nets load it.
 
-Both rank; neither predicts nextpnr's delays.  Names follow :mod:`~ptocube.build.paths`: a
+Both rank; neither predicts nextpnr's delays.  What router2 itself finds crowded it writes with
+``--router2-heatmap PREFIX`` (``ptocube build --heatmap``): per iteration, the overuse of every
+net (``PREFIX_congestion_by_net_N.csv``); :func:`congestion` ranks its components and signals.  Names follow :mod:`~ptocube.build.paths`: a
 net is named after its shortest public name, a component is its dotted name without the
 last part.
 """
@@ -29,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from .paths import Netlist, part_of
 
-__all__ = ["FarSignal", "PlacementReport", "analyse"]
+__all__ = ["FarSignal", "PlacementReport", "analyse", "CongestionReport", "congestion"]
 
 _BEL = re.compile(r"X(\d+)/Y(\d+)/")
 # A net's bit index, and the suffix yosys gives a net it named after a mapped cell
@@ -212,3 +214,54 @@ def _densest(demand, width: int, height: int, size: int) -> dict:
         return {}
     return {"x": best[1], "y": best[2], "size": size, "demand": round(best[0], 1),
             "mean": round(sum(sums) / len(sums), 1)}
+
+
+@dataclass
+class CongestionReport:
+    """router2's overuse in one iteration, by component and by signal, most first."""
+
+    iteration: int | None
+    overuse: int                        # the sum over all nets
+    nets: int                           # nets with some overuse
+    parts: list = field(default_factory=list)      # (component, overuse)
+    signals: list = field(default_factory=list)    # (signal, overuse)
+
+    def table(self, rows: int = 25) -> str:
+        """The components, then the signals, with their overuse and share."""
+        total = max(1, self.overuse)
+        at = "" if self.iteration is None else f" at iteration {self.iteration}"
+        lines = [f"router2 overuse{at}: {self.overuse} on {self.nets} nets", "",
+                 f"{'overuse':>8} {'share':>7}  component"]
+        lines += [f"{v:8d} {100 * v / total:6.1f} %  {p}" for p, v in self.parts[:rows]]
+        lines += ["", f"{'overuse':>8} {'share':>7}  signal"]
+        lines += [f"{v:8d} {100 * v / total:6.1f} %  {s}" for s, v in self.signals[:rows]]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """The report as plain data."""
+        return {"iteration": self.iteration, "overuse": self.overuse, "nets": self.nets,
+                "parts": [{"part": p, "overuse": v} for p, v in self.parts],
+                "signals": [{"signal": s, "overuse": v} for s, v in self.signals]}
+
+
+_ITERATION = re.compile(r"_congestion_by_net_(\d+)\.csv$")
+
+
+def congestion(text: str, *, depth: int | None = 4, name: str = "") -> CongestionReport:
+    """Rank the nets of one router2 heatmap, ``text`` of ``PREFIX_congestion_by_net_N.csv``
+    (lines ``net,overuse``), by component (the first ``depth`` parts of the net's name)
+    and by signal (bits and mapped-cell suffixes dropped, as :func:`analyse` does).
+    ``name``: the file's name, for the iteration it holds."""
+    parts, signals, total, nets = Counter(), Counter(), 0, 0
+    for line in text.splitlines():
+        net_name, _, count = line.rpartition(",")
+        if not net_name or not count.strip().isdigit():
+            continue
+        overuse = int(count)
+        total += overuse
+        nets += 1
+        parts[part_of(net_name, depth)] += overuse
+        signals[_signal_of(net_name)] += overuse
+    match = _ITERATION.search(name)
+    return CongestionReport(int(match[1]) if match else None, total, nets,
+                            parts.most_common(), signals.most_common())

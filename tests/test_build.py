@@ -364,8 +364,9 @@ class _Blink(Elaboratable):
 def _stand_in_tools(tmp_path, monkeypatch, counts, pause="0.01"):
     """Stand-ins for yosys, nextpnr and ecppack behind the real amaranth build script; each
     call is logged in ``tmp_path/calls``. nextpnr logs router2 iterations with the overused
-    wire ``counts`` (a Python expression of ``seed``), ``pause`` seconds apart, and routes
-    when the last count is 0."""
+    wire ``counts`` (a Python expression of ``seed``), ``pause`` seconds apart, writes them
+    as a heatmap by net when given ``--router2-heatmap``, and routes when the last count
+    is 0."""
     tools = tmp_path / "tools"
     tools.mkdir()
     calls = tmp_path / "calls"
@@ -383,6 +384,9 @@ counts = {counts}
 for i, n in enumerate(counts, start=1):
     log.write(f"Info:     iter={{i}} wires=1000 overused={{n}} overuse={{n}} archfail=NA\\n")
     log.flush()
+    if "--router2-heatmap" in args:
+        open(f"{{opt('--router2-heatmap')}}_congestion_by_net_{{i}}.csv", "w").write(
+            f"top.core.hot[0],{{n}}\\ntop.core.hot[1],{{seed}}\\ntop.cool,1\\n")
     time.sleep({pause})
 if counts[-1]:
     sys.exit(1)
@@ -454,6 +458,32 @@ def test_build_routes_seeds_side_by_side(tmp_path, monkeypatch):
     with pytest.raises(pnr.RouterStalled):
         boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out1", seeds=(1, 7),
                                jobs=2, stall=4, poll_seconds=0.02)
+
+
+def test_build_keeps_router2_heatmaps_of_every_seed(tmp_path, monkeypatch, capsys):
+    # --heatmap: each seed's congestion maps in heat/seedN/, the stalled seed's too, and
+    # `synth --congestion` reads the last iteration of one.
+    _stand_in_tools(tmp_path, monkeypatch, "[900, 5] + [5, 7, 6] * 40 if seed == 1 "
+                                           "else [900, 40, 0]")
+    out = tmp_path / "out"
+    result = boards.build_bitstream(board("ulx3s-85f"), _Blink(), out, seeds=(1, 3),
+                                    stall=4, heatmap=True, poll_seconds=0.02)
+    assert result.figures.seed == 3
+    assert sorted(p.name for p in (out / "heat" / "seed3").iterdir()) == [
+        f"h_congestion_by_net_{i}.csv" for i in (1, 2, 3)]
+    stalled = sorted((out / "heat" / "seed1").iterdir())
+    assert len(stalled) > 4
+    assert _cli("synth", "--congestion", str(out / "heat" / "seed3"), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["iteration"] == 3 and report["overuse"] == 0 + 3 + 1
+    assert report["parts"][0] == {"part": "top.core", "overuse": 3}
+    assert report["signals"][0] == {"signal": "top.core.hot", "overuse": 3}
+    second = out / "heat" / "seed1" / "h_congestion_by_net_2.csv"
+    assert _cli("synth", "--congestion", str(second), "--depth", "1") == 0
+    listed = capsys.readouterr().out
+    assert "at iteration 2: 7 on 3 nets" in listed and "top.core.hot" in listed
+    assert _cli("synth", "--congestion", str(tmp_path)) == 2
+    assert "no router2 heatmap" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("in_mhz", [12, 25, 48, 100])

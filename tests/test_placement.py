@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ptocube.build import cli
-from ptocube.build.placement import analyse
+from ptocube.build.placement import analyse, congestion
 from ptocube.build.pnr import synthesize, DEVICES
 
 ECP5 = DEVICES["LFE5U-85F-6BG381"]
@@ -98,6 +98,22 @@ def test_an_unplaced_netlist_is_refused():
         del cell["attributes"]["NEXTPNR_BEL"]
     with pytest.raises(ValueError, match="--no-route --write"):
         analyse(netlist)
+
+
+def test_router2_congestion_by_component_and_signal():
+    text = ("store.cmd[0],5\nstore.cmd[1],4\nstore.payload0.0.3_ADB7,2\n"
+            "cube.result.buf_valid_TRELLIS_FF_Q_DI,3\n\nnot a line\n")
+    report = congestion(text, depth=1, name="h_congestion_by_net_42.csv")
+    assert (report.iteration, report.overuse, report.nets) == (42, 14, 4)
+    assert report.parts == [("store", 11), ("cube", 3)]
+    assert report.signals == [("store.cmd", 9), ("cube.result.buf_valid", 3),
+                              ("store.payload0:ADB", 2)]
+    assert congestion(text).iteration is None
+    assert congestion(text).parts[0] == ("store", 9)
+    table = report.table(rows=1)
+    assert "at iteration 42: 14 on 4 nets" in table and "store.cmd" in table
+    assert "cube.result" not in table
+    assert report.to_json()["signals"][0] == {"signal": "store.cmd", "overuse": 9}
 
 
 def _synth(*argv):
