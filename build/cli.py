@@ -371,22 +371,21 @@ def _run_placed(args) -> int:
     """``synth --placed``: where a placement puts the long wires and the crowded ones.  A
     netlist not yet placed (a build's ``top.json``) is placed first on ``--board``'s FPGA,
     with the pin constraints beside it, ``--seed`` and the unit's placer (or ``--placer``)."""
-    from .placement import analyse
+    from .placement import analyse, is_placed
     from .pnr import ToolError, place_only
     path = Path(args.placed)
     if not path.is_file():
         print(f"error: no netlist at {path}", file=sys.stderr)
         return 2
     netlist = json.loads(path.read_text())
-    if not _is_placed(netlist):
+    if not is_placed(netlist):
         if args.board is None:
             print(f"error: {path} is not placed: give --board to place it (or a netlist "
                   "nextpnr wrote with --no-route --write)", file=sys.stderr)
             return 2
         brd = board(args.board)
         seed = args.seed[0] if args.seed else 1
-        kind = "lpf" if brd.device.family == "ecp5" else "pcf"
-        pins = path.with_name(f"top.{kind}")
+        pins = path.with_name(f"top.{brd.device.pin_constraints}")
         try:
             path = place_only(path, brd.device, seed=seed,
                               placer=args.placer or brd.unit_placer,
@@ -418,13 +417,6 @@ def _run_congestion(args) -> int:
     report = congestion(path.read_text(), depth=4 if args.depth is None else args.depth,
                         name=path.name)
     return _print_report(args, report, str(path))
-
-
-def _is_placed(netlist: dict) -> bool:
-    """Whether nextpnr placed the cells of ``netlist`` (it marks each with its site)."""
-    return any("NEXTPNR_BEL" in cell.get("attributes", {})
-               for module in netlist["modules"].values()
-               for cell in module.get("cells", {}).values())
 
 
 def _run_by_part(args) -> int:

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 from .paths import Netlist, part_of
 
-__all__ = ["FarSignal", "PlacementReport", "analyse", "CongestionReport", "congestion"]
+__all__ = ["FarSignal", "PlacementReport", "is_placed", "analyse", "CongestionReport",
+           "congestion"]
 
 _BEL = re.compile(r"X(\d+)/Y(\d+)/")
 # A net's bit index, and the suffix yosys gives a net it named after a mapped cell
@@ -108,6 +109,13 @@ class PlacementReport:
                 "parts": [{"part": p, "share": round(s, 4)} for p, s in self.parts]}
 
 
+def is_placed(netlist: dict) -> bool:
+    """Whether nextpnr placed the cells of ``netlist`` (it marks each with its site)."""
+    return any(_BEL.match(cell.get("attributes", {}).get("NEXTPNR_BEL", ""))
+               for module in netlist["modules"].values()
+               for cell in module.get("cells", {}).values())
+
+
 def _signal_of(name: str) -> str:
     return _RAM_PORT.sub(r":\2", _CELL_NET.sub("", _BIT.sub("", name)))
 
@@ -127,13 +135,12 @@ def analyse(netlist: dict, *, far: int = 60, window: int = 16, depth: int | None
         top = next((n for n, m in modules.items() if m.get("attributes", {}).get("top")),
                    next(iter(modules)))
     net = Netlist(modules[top])
-    where, placed = {}, 0
+    where = {}
     for cell_name, cell in net.cells.items():
         match = _BEL.match(cell.get("attributes", {}).get("NEXTPNR_BEL", ""))
         if match:
             where[cell_name] = (int(match[1]), int(match[2]))
-            placed += 1
-    if not placed:
+    if not where:
         raise ValueError("no placed cells: write the netlist with nextpnr --write after "
                          "placement (e.g. --no-route --write placed.json)")
     sinks = defaultdict(list)
@@ -193,7 +200,7 @@ def analyse(netlist: dict, *, far: int = 60, window: int = 16, depth: int | None
                     (bx1 - bx0 + by1 - by0 + 1) / area * ox * oy
         total = sum(load.values())
         parts = [(p, v / total) for p, v in load.most_common()]
-    return PlacementReport(placed, measured, wirelength, far, dict(histogram), signals, best,
+    return PlacementReport(len(where), measured, wirelength, far, dict(histogram), signals, best,
                            parts)
 
 

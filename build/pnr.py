@@ -205,6 +205,12 @@ class Device:
             raise ValueError("iCE40 parts have no speed grade option in nextpnr")
 
     @property
+    def pin_constraints(self) -> str:
+        """The kind of nextpnr's pin constraint file: ``"lpf"`` (ECP5) or ``"pcf"`` (iCE40),
+        its option (``--lpf``) and file suffix."""
+        return "lpf" if self.family == "ecp5" else "pcf"
+
+    @property
     def nextpnr_args(self) -> list[str]:
         """The device selection arguments of nextpnr."""
         args = [f"--{self.device}", "--package", self.package]
@@ -553,7 +559,7 @@ def place_only(netlist, device: Device, *, seed: int = 1, placer: str | None = N
     args = [tool(f"yowasp-nextpnr-{device.family}"), *device.nextpnr_args,
             "--json", netlist.name, "--seed", str(seed), "--timing-allow-fail", "--no-route",
             "--write", f"{name}.json", "--log", f"{name}.log", "--quiet"]
-    kind = "lpf" if device.family == "ecp5" else "pcf"
+    kind = device.pin_constraints
     if constraints is not None:
         args += [f"--{kind}", str(Path(constraints).resolve())]
     else:
