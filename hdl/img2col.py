@@ -234,14 +234,26 @@ class SerialProgram:
     of the program (their wide AND-OR cones were the most congested logic of the TIMG2COL
     engine on the ECP5, issue #9).
 
+    Input queues (``queue_inputs``): an operand that no step writes and that is not a
+    constant (an input of the program, such as a descriptor field) is then read from a
+    queue of registers per operand port, loaded in cycle 0 with that port's input reads in
+    issue order and shifted by one at each of them.  The selects then choose only among
+    the values the program computes and constants; every input bit feeds queue stages,
+    whose wires the placer can spread, instead of one wide AND-OR per port (the setup of
+    the address generator was the last congested knot of the 8 x 8 unit, issue #9).  The
+    inputs are sampled in cycle 0 only: they must be valid in the cycle after
+    :meth:`start`, and may change afterwards.
+
     Use ``m.d.sync += program.start()`` to run it from cycle 0; :attr:`busy` is high until
     the last step has written its result; ``program.stop()`` abandons it (nothing is
     written after that).
     """
 
     def __init__(self, steps, *, width: int, y_width: int, dividend_width: int,
-                 divisor_width: int, saturate: bool = False, radix_bits: int = 2):
+                 divisor_width: int, saturate: bool = False, radix_bits: int = 2,
+                 queue_inputs: bool = False):
         self.steps = tuple(steps)
+        self.queue_inputs = queue_inputs
         if saturate and any(isinstance(s, MulAdd) and s.sub for s in self.steps):
             raise ValueError("a saturating program cannot subtract")
         if radix_bits < 1:
@@ -376,24 +388,56 @@ class SerialProgram:
         file_reads, slots = self._operand_file_reads()
         files = []          # the operand files port() makes, written after the datapath
 
-        def port(field, name):
-            """The x or z operand: the operand file's read data where the step reads it
-            from there, else the AND-OR of the other sources."""
-            direct, cycles = [], {}
-            for k, (issue, step) in enumerate(muladds):
-                if (k, field) in file_reads:
-                    cycles[issue] = slots[id(getattr(step, field))]
+        written = {id(sig) for step in self.steps for dst in self._destinations(step)
+                   for sig in Value.cast(dst)._rhs_signals()}
+
+        def is_input(value):
+            value = Value.cast(value)
+            return (self.queue_inputs and not isinstance(value, Const)
+                    and not any(id(sig) in written for sig in value._rhs_signals()))
+
+        def queue(reads, width, name):
+            """The input reads ``reads`` ((cycle, value)) of one port from a queue: loaded
+            in cycle 0, its head read and the rest shifted up in each of those cycles."""
+            reads = sorted(reads, key=lambda read: read[0])
+            values = [Value.cast(value) for _, value in reads]
+            if any(value.shape().signed for value in values):
+                shape = width       # extended to the port as it is read, as by .eq()
+            else:
+                shape = min(width, max(len(value) for value in values))
+            stages = [Signal(shape, name=f"{name}_queue{n}") for n in range(len(reads))]
+            read = ahead([cycle for cycle, _ in reads], f"{name}_queue_read")
+            with m.If(self.phase[0]):
+                m.d.sync += [stage.eq(value) for stage, value in zip(stages, values)]
+            with m.Elif(read):
+                m.d.sync += [stage.eq(after) for stage, after in zip(stages, stages[1:])]
+            return stages[0] & read.replicate(shape)
+
+        def port(steps, field, width, name, file=False):
+            """The operand ``field`` of ``steps`` ((issue, step) of one unit): from the
+            operand file where ``file`` and the step reads it from there, from the input
+            queue for inputs, else from the AND-OR of the other sources."""
+            direct, queued, cycles = [], [], {}
+            for k, (issue, step) in enumerate(steps):
+                value = getattr(step, field)
+                if file and (k, field) in file_reads:
+                    cycles[issue] = slots[id(value)]
+                elif is_input(value):
+                    queued.append((issue, value))
                 else:
-                    direct.append((issue, getattr(step, field)))
-            value = select(direct, w, name)
+                    direct.append((issue, value))
+            value = select(direct, width, name)
+            if queued:
+                value = value | queue(queued, width, name)
             if not cycles:
                 return value
-            memory = m.submodules[f"{name}_file"] = Memory(shape=w, depth=len(slots), init=[])
+            memory = m.submodules[f"{name}_file"] = Memory(shape=width, depth=len(slots),
+                                                           init=[])
             read = memory.read_port(domain="comb")
             files.append(memory)
             # The slot is decoded a cycle ahead, like the selects.
             m.d.comb += read.addr.eq(ahead_value(cycles, range(len(slots)), f"{name}_file_addr"))
-            return value | (read.data & ahead(list(cycles), f"{name}_file_sel").replicate(w))
+            return value | (read.data & ahead(list(cycles), f"{name}_file_sel").replicate(width))
 
         # Multiply-add: operands, then product, then sum - one register stage each.
         x = Signal(w, name="mul_x")
@@ -401,9 +445,9 @@ class SerialProgram:
         z = Signal(w, name="mul_z")
         sub = Signal(name="mul_sub")
         m.d.sync += [
-            x.eq(port("x", "mul_x")),
-            y.eq(select([(i, s.y) for i, s in muladds], self.y_width, "mul_y")),
-            z.eq(port("z", "mul_z")),
+            x.eq(port(muladds, "x", w, "mul_x", file=True)),
+            y.eq(port(muladds, "y", self.y_width, "mul_y")),
+            z.eq(port(muladds, "z", w, "mul_z", file=True)),
         ]
         m.d.sync += sub.eq(ahead([i for i, s in muladds if s.sub], "mul_sub_sel"))
         product = Signal(w + self.y_width if self.saturate else w, name="mul_product")
@@ -437,10 +481,8 @@ class SerialProgram:
             next_rem = Mux(fits, diff, trial)[:len(rem)]
             next_quo = Cat(fits, next_quo[:-1])
         load = ahead([i for i, _ in divisions], "div_load")
-        dividend = select([(i, s.dividend) for i, s in divisions], self.dividend_width,
-                          "div_dividend")
-        full_divisor = select([(i, s.divisor) for i, s in divisions], self.divisor_width,
-                              "div_divisor")
+        dividend = port(divisions, "dividend", self.dividend_width, "div_dividend")
+        full_divisor = port(divisions, "divisor", self.divisor_width, "div_divisor")
         with m.If(load):
             m.d.sync += [quo.eq(dividend), rem.eq(0), divisor.eq(full_divisor),
                          too_big.eq(full_divisor[len(divisor):].any())]
@@ -693,7 +735,7 @@ class Img2ColAddressGenerator(wiring.Component):
             MulAdd(col_part, kh_step, kh_r, col_part),
             MulAdd(seed["col_addr"], c1s, c1, col_part),
         ], width=b_w, y_width=16, dividend_width=16, divisor_width=EXTENT_WIDTH,
-            radix_bits=self.radix_bits)
+            radix_bits=self.radix_bits, queue_inputs=True)
         self.setup_cycles = program.cycles
         program.emit(m)
 

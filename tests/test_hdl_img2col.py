@@ -21,13 +21,14 @@ from collections import deque
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module, Signal, Value
+from amaranth.hdl import Cat, Const, Module, Signal, Value
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from ptocube.hdl.config import CubeConfig
 from ptocube.hdl.img2col import (FEATURE_MAP_DESCRIPTOR, FM_PARTS, AddressJobLayout,
-                                 AddressLayout, Img2ColAddressGenerator, feature_map_parts)
+                                 AddressLayout, DivMod, Img2ColAddressGenerator, MulAdd,
+                                 SerialProgram, feature_map_parts)
 from ptocube.hdl.img2col_engine import (CHECK_FAULT, Img2ColCheck, Img2ColEngine,
                                         Img2ColJobLayout)
 from ptocube.model.bundle import Bundle, Destination, Operation
@@ -249,6 +250,64 @@ def test_generator_random_sweep(radix_bits):
     results, _ = run_generator(walks, seed=radix_bits, radix_bits=radix_bits)
     for walk, (elements, _) in zip(walks, results):
         assert_walk(walk, elements)
+
+
+def run_program(queue_inputs, inputs, *, change_after=None):
+    """Run a small :class:`SerialProgram` on ``inputs`` (a, b, c) and return its results
+    (r, s, q, rem) and cycles.  ``change_after``: the inputs from cycle 1 of the program on."""
+    a, b, c = (Signal(16, name=n) for n in "abc")
+    r, s, q, rem = (Signal(20, name=n) for n in ("r", "s", "q", "rem"))
+    program = SerialProgram([
+        DivMod(q, rem, a, b),
+        MulAdd(r, a, b, c),
+        MulAdd(s, r, c, a, sub=True),
+        MulAdd(r, r, a, b),
+        MulAdd(s, s, 1, c, sub=True),
+    ], width=20, y_width=16, dividend_width=16, divisor_width=16,
+        queue_inputs=queue_inputs)
+    m = Module()
+    program.emit(m)
+    go = Signal()
+    with m.If(go):
+        m.d.sync += program.start()
+    done = []
+
+    async def bench(ctx):
+        ctx.set(Cat(a, b, c), Cat(*(Const(v, 16) for v in inputs)))
+        ctx.set(go, 1)
+        await ctx.tick()                            # the start cycle
+        ctx.set(go, 0)
+        await ctx.tick()                            # cycle 0: the queues load
+        if change_after is not None:
+            ctx.set(Cat(a, b, c), Cat(*(Const(v, 16) for v in change_after)))
+        cycles = 1
+        while ctx.get(program.busy):
+            await ctx.tick()
+            cycles += 1
+        done.append(([ctx.get(v) for v in (r, s, q, rem)], cycles))
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    return done[0]
+
+
+def test_program_input_queues_sample_the_inputs_in_cycle_0():
+    mask = (1 << 20) - 1
+    rng = random.Random(24)
+    for _ in range(6):
+        a, b, c = (rng.randrange(1, 1 << 16) for _ in range(3))
+        r = (a * b + c) * a + b & mask
+        s = ((a * b + c) * c - a - c) & mask
+        expected = [r, s, a // b, a % b]
+        held, held_cycles = run_program(False, (a, b, c))
+        queued, cycles = run_program(True, (a, b, c), change_after=(b, c, a))
+        assert held == queued == expected
+        assert cycles == held_cycles
+    # Without the queues the program reads the inputs when each step issues.
+    changed, _ = run_program(False, (a, b, c), change_after=(b, c, a))
+    assert changed != expected
 
 
 # ---------------------------------------------------------------------------
