@@ -53,7 +53,7 @@ from .config import CubeConfig
 from .host import (DESC_PART_BASE, DESC_PART_UNDEFINED, FM_PARTS, HostCommandLayout, HostError,
                    HostOp, HostResponseLayout, SysReg, build_info)
 from .img2col import FEATURE_MAP_DESCRIPTOR, source_index_width
-from .logic import one_hot_select
+from .logic import KEEP, one_hot_select
 from .img2col_engine import DestinationWriteLayout, SourceResponseLayout
 from .preflight import (AllocQuerySignature, GprReadSignature, SharedReadSignature,
                         TileReadSignature, WordReadSignature, one_hot_index)
@@ -426,6 +426,20 @@ class TileStore(wiring.Component):
         l_rd, l_wr = _BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
         s_rd, s_wr = _BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
         fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port()
+        # The host's copies of the Local and Shared files, written with them and read only
+        # by host commands: the host's facts and the bundles' readers (preflight, engines)
+        # each load from block RAMs of their own, which the placer can put beside each
+        # (issue #9, decision T38).
+        host_files = []
+        for memory, write, name in ((lreg, l_wr, "local_regs_host"),
+                                    (sreg, s_wr, "shared_regs_host")):
+            copy = Memory(shape=memory.shape, depth=memory.depth, init=[], attrs=_NO_COLLISION)
+            m.submodules[name] = copy
+            copy_wr = copy.write_port()
+            m.d.comb += [copy_wr.en.eq(write.en), copy_wr.addr.eq(write.addr),
+                         copy_wr.data.eq(write.data)]
+            host_files.append(_BlockReadPort(m, copy, name))
+        lh_rd, sh_rd = host_files
         # The Local entries' bases again, in LUT RAM written with the Local file: the
         # preflight's word read adds its word to a register's base looked up here a cycle
         # earlier, not to the Local file's block-RAM output (decision T26).
@@ -496,6 +510,11 @@ class TileStore(wiring.Component):
 
         # ---- sequencer (host commands, placement, publication) ----------------------
         cmd = Signal(HostCommandLayout)
+        # Copies of the command's data, loaded with it, for the memories it writes: the five
+        # flag memories, the payload write register and the GPR files each take theirs, not
+        # one register's bus fanned out across the store (issue #9, decision T38).
+        cmd_data = {name: Signal(64, name=f"cmd_data_{name}", attrs=KEEP)
+                    for name in ("flags", "payload", "gprs")}
         rsp = Signal(HostResponseLayout)
         rsp_valid = Signal()
         stage = Signal(128)                    # DESC_PART staging register
@@ -726,7 +745,7 @@ class TileStore(wiring.Component):
         space = Value.cast(cmd.space)
         is_pe = space < PE_COUNT
         idx = cmd.index
-        le, se = l_rd.data, s_rd.data
+        le, se = lh_rd.data, sh_rd.data
         allocated = Mux(is_pe, le.desc.allocated, se.desc.allocation_mask != 0)
         reg_cells = Mux(is_pe, le.desc.cells, se.desc.cells)
         reg_base = Mux(is_pe, le.base, se.base)
@@ -998,7 +1017,7 @@ class TileStore(wiring.Component):
             with m.If(h_stage[k]):
                 m.d.sync += part.eq(cmd.data)
         write_payload(h_ok[HostOp.WRITE_WORD.value], [Mux(f_space[s], 0xFF, 0) for s in spaces],
-                      f_word_addr, cmd.data)
+                      f_word_addr, cmd_data["payload"])
         with m.If(h_ok[HostOp.WRITE_SYS.value]):
             with m.If(f_addr[SysReg.TILE_CAPACITY.value]):
                 m.d.sync += capacity.eq(cmd.data)
@@ -1061,13 +1080,15 @@ class TileStore(wiring.Component):
             # The command register loads in every idle cycle: it holds the command from
             # the one that takes it (its fields are read only after, decision T26).
             m.d.sync += cmd.eq(self.host_cmd.payload)
+            m.d.sync += [copy.eq(self.host_cmd.payload.data) for copy in cmd_data.values()]
 
         with seq.state("HOST_READS"):
             # The command's entries are read from the command register, and the answer's
             # source is chosen (below, T24), a cycle after the take (decision T26).
             seq.goto("HOST_FACTS")
-            read_local(Cat(idx[:6], space[:2])), read_shared(idx), read_fm()
-            read_gpr(idx[:5])
+            m.d.comb += [lh_rd.en.eq(1), lh_rd.addr.eq(Cat(idx[:6], space[:2])),
+                         sh_rd.en.eq(1), sh_rd.addr.eq(idx)]
+            read_fm(), read_gpr(idx[:5])
 
         # ---- host commands ------------------------------------------------------------
         with seq.state("HOST_FACTS"):
@@ -1333,15 +1354,15 @@ class TileStore(wiring.Component):
             fm_wr.en.eq(h_ok[HostOp.WRITE_FM.value]),
             fm_wr.addr.eq(fm_wr_addr), fm_wr.data.eq(fm_wr_data),
             g_wr.en.eq(h_ok[HostOp.WRITE_GPR.value]), g_wr.addr.eq(idx[:5]),
-            g_wr.data.eq(cmd.data),
+            g_wr.data.eq(cmd_data["gprs"]),
             g_low_wr.en.eq(h_ok[HostOp.WRITE_GPR.value]),
-            g_low_wr.addr.eq(idx[:5]), g_low_wr.data.eq(cmd.data[:16]),
+            g_low_wr.addr.eq(idx[:5]), g_low_wr.data.eq(cmd_data["gprs"][:16]),
         ]
         flag_write = h_ok[HostOp.WRITE_FLAGS.value] | clearing
         for s in spaces:
             m.d.comb += [flg_wr[s].en.eq(flag_write & f_space[s]),
                          flg_wr[s].addr.eq(Mux(clearing, clear_pos, f_flag_addr)),
-                         flg_wr[s].data.eq(Mux(clearing, 0, cmd.data))]
+                         flg_wr[s].data.eq(Mux(clearing, 0, cmd_data["flags"]))]
         # A Local write that allocates or frees marks the register held or not a cycle after
         # the write, from a registered request (T27): the bitmaps' enables are a decode of
         # flip-flops, the PE's one-hot with the request (T33).  The change lands before any
