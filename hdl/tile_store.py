@@ -845,7 +845,6 @@ class TileStore(wiring.Component):
                      cfg_owners.eq(Mux(is_pe, 1, Cat(*(popcnt == n for n in range(1, 5))))),
                      cfg_bytes.eq(one_hot_select(cfg_owners, [
                          need_bytes, need_bytes << 1, need_bytes3, need_bytes << 2]))]
-        f_local = Signal(self.local_entry)      # a copy of its Local entry, for rewrites
         f_cells = Signal(12)                    # its CELLs, and the PEs that hold them
         f_owners = Signal(3)
         f_synth = Signal()                      # a published PE output: its flags implicit
@@ -958,10 +957,10 @@ class TileStore(wiring.Component):
                                       | passed[HostOp.WRITE_FLAGS.value] & f_synth)),
             h_wr_shared.eq(checking & ~is_pe & (passed[HostOp.FREE.value]
                                                 | passed[HostOp.SET_UNDEFINED.value])),
-            h_local.eq(f_local), h_local.undef.eq(Mux(ops[HostOp.SET_UNDEFINED], cmd.data,
-                                                      f_local.undef)),
-            h_local.synth.eq(f_local.synth & ~ops[HostOp.WRITE_FLAGS]),
-            h_local.fm_set.eq(f_local.fm_set
+            h_local.eq(le), h_local.undef.eq(Mux(ops[HostOp.SET_UNDEFINED], cmd.data,
+                                                 le.undef)),
+            h_local.synth.eq(le.synth & ~ops[HostOp.WRITE_FLAGS]),
+            h_local.fm_set.eq(le.fm_set
                               | Mux(ops[HostOp.WRITE_FM], 1 << cmd.addr[:3], 0)),
             h_shared.eq(se), h_shared.undef.eq(cmd.data),
         ]
@@ -1271,7 +1270,7 @@ class TileStore(wiring.Component):
                              cmd.addr < (se.desc.cells << 4))),
             f_flag_ok.eq(Mux(is_pe, cmd.addr < (le.desc.cells << 2),
                              cmd.addr < (se.desc.cells << 2))),
-            f_base.eq(reg_base), f_local.eq(le),
+            f_base.eq(reg_base),
             f_ends[0].eq(le.base + le.desc.cells), f_ends[1].eq(se.base + se.desc.cells),
             f_op.eq(Cat(*(cmd.op == o for o in HostOp))),
             f_addr.eq(Cat(*(cmd.addr == k for k in range(len(f_addr))))),
