@@ -188,7 +188,7 @@ SharedReadSignature = wiring.Signature({
     "desc": In(SharedDescLayout), "defined": In(1),
 })
 
-#: Tile payload read port (latency 1): 64-bit word ``addr`` (payload bytes 8*addr..8*addr+7,
+#: Tile payload read port (latency 2): 64-bit word ``addr`` (payload bytes 8*addr..8*addr+7,
 #: little-endian) of Local register ``index`` of PE ``pe``.  Used for the U64 parameter tiles.
 #: A word read must come in the cycle right after a ``tile_rd`` or ``word_rd`` of the same
 #: register: the tile store takes the register's base from that read (decision T11).
@@ -862,7 +862,9 @@ class Preflight(wiring.Component):
         # term, and in t+5 (stage 3) their AND completes the check into ``pend4_ok``, which
         # the FSM obeys in t+6.  Checks stay in read order; a phase moves on to a checking
         # phase only :data:`_DRAIN` cycles after its last read, when every read's check is
-        # due by its first cycle.
+        # due by its first cycle.  A payload word (``word_rd``) is answered in t+2 and its
+        # checks are a stage behind, chosen in t+4 into ``pend3_word_ok``, in time for
+        # ``pend4_ok``.
         pend0 = Signal(_Pend, name="pend0")
         pend0_pe = Signal(2, name="pend0_pe")
         pend0_slot = Signal(2, name="pend0_slot")
@@ -872,6 +874,8 @@ class Preflight(wiring.Component):
         pend2_pe = Signal(2, name="pend2_pe")
         pend2_ok = Signal(name="pend2_ok", init=1)
         pend2_param_ok = Signal(name="pend2_param_ok", init=1)
+        pend2_qword = Signal(name="pend2_qword")          # a parameter tile's words
+        pend2_aword = Signal(name="pend2_aword")
         pend2_cube = Signal(name="pend2_cube")
         pend2_ord = Signal(name="pend2_ord")
         pend2_check = Signal(Check, name="pend2_check")
@@ -880,14 +884,15 @@ class Preflight(wiring.Component):
         pend3_cube = Signal(name="pend3_cube")
         pend3_ord = Signal(name="pend3_ord")
         pend3_check = Signal(Check, name="pend3_check")
+        pend3_word_ok = Signal(name="pend3_word_ok", init=1)
         pend4_pe = Signal(2, name="pend4_pe")
         pend4_ok = Signal(name="pend4_ok", init=1)
         pend4_check = Signal(Check, name="pend4_check")
         with m.If(at[Phase.IDLE.value]):
             m.d.sync += [pend0.eq(_Pend.NONE), pend1.eq(_Pend.NONE), pend2_ok.eq(1),
-                         pend2_param_ok.eq(1),
+                         pend2_param_ok.eq(1), pend2_qword.eq(0), pend2_aword.eq(0),
                          pend2_cube.eq(0), pend2_ord.eq(0), pend3_ok.eq(1), pend3_cube.eq(0),
-                         pend3_ord.eq(0), pend4_ok.eq(1)]
+                         pend3_ord.eq(0), pend3_word_ok.eq(1), pend4_ok.eq(1)]
         with m.Else():
             m.d.sync += [pend0.eq(pend), pend0_pe.eq(pend_pe), pend0_slot.eq(pend_slot),
                          pend1.eq(pend0), pend1_pe.eq(pend0_pe), pend1_slot.eq(pend0_slot),
@@ -908,11 +913,13 @@ class Preflight(wiring.Component):
         # of the tile store's; a choice after this register was in front of the checks' zero
         # tests).
         gpr_data = _reg(sm, Mux(pend_zero, 0, self.gpr_rd.data), "gpr_data_r")
-        # The word is registered only in the cycle its answer is on the port: a register
-        # that followed the port in every cycle was one flip-flop with the store's own
-        # copies of the same bus (yosys merges them), whose fan-out crossed the device.
+        # The word is registered only in the cycle its answer is on the port, in t+2 (the
+        # store's payload reads have an ``out`` register after the block RAM's, decision
+        # T39 in docs/decisions/hdl-top.md): a register that followed the port in every
+        # cycle was one flip-flop with the store's own copies of the same bus (yosys merges
+        # them), whose fan-out crossed the device.
         word_data = Signal(64, name="word_data_r")
-        with sm.If(_reg(sm, self.word_rd.en, "word_answer")):
+        with sm.If(_reg(sm, _reg(sm, self.word_rd.en, "word_read"), "word_answer")):
             sm.d.sync += word_data.eq(self.word_rd.data)
         # Local sources: the valid shape and type, whether the location must be Any, and
         # which layout rule applies.
@@ -1033,10 +1040,9 @@ class Preflight(wiring.Component):
                 m.d.comb += [check.eq(Check.SHARED), ok.eq(shared_ok)]
             with m.Case(_Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC):
                 m.d.comb += [check.eq(Check.POSTPROCESS), ok.eq(ordinary_ok)]
-            with m.Case(_Pend.QWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), param.eq(param_ok["word"][0])]
-            with m.Case(_Pend.AWORD):
-                m.d.comb += [check.eq(Check.POSTPROCESS), param.eq(param_ok["word"][1])]
+            with m.Case(_Pend.QWORD, _Pend.AWORD):
+                # The word's checks are a stage later (below): its answer comes in t+2.
+                m.d.comb += check.eq(Check.POSTPROCESS)
             with m.Case(_Pend.A, _Pend.C, _Pend.B):
                 m.d.comb += [check.eq(Check.MATH_SOURCES), ok.eq(cube_ok)]
             with m.Case(_Pend.SA, _Pend.SB, _Pend.BIAS):
@@ -1050,7 +1056,13 @@ class Preflight(wiring.Component):
                          pend2_ord.eq(_in_set(pend1, [k.value for k in (
                              _Pend.SHARED, _Pend.ROWMAX, _Pend.QVEC, _Pend.AVEC, _Pend.SA,
                              _Pend.SB, _Pend.BIAS)])),
-                         pend4_ok.eq(pend3_ok & (~pend3_cube | cube_legal)
+                         pend2_qword.eq(pend1 == _Pend.QWORD),
+                         pend2_aword.eq(pend1 == _Pend.AWORD),
+                         # A word read is answered a cycle later than the other reads
+                         # (t+2, decision T39): its checks are chosen in stage 2.
+                         pend3_word_ok.eq(Mux(pend2_qword, param_ok["word"][0],
+                                              Mux(pend2_aword, param_ok["word"][1], 1))),
+                         pend4_ok.eq(pend3_ok & pend3_word_ok & (~pend3_cube | cube_legal)
                                      & (~pend3_ord | ord_legal))]
         m.d.sync += [pend.eq(issue), pend_pe.eq(issue_pe), pend_slot.eq(issue_slot),
                      pend_zero.eq(issue_zero), issue.eq(_Pend.NONE)]

@@ -3,7 +3,7 @@
 :class:`TileStore` holds all architectural state the CUBE unit reads and publishes and serves
 every agent that touches it:
 
-* the preflight's read ports (``tile_rd``, ``shared_rd``, ``word_rd``, ``gpr_rd``, latency 1)
+* the preflight's read ports (``tile_rd``, ``shared_rd``, ``gpr_rd``: latency 1; ``word_rd``: 2)
   and its allocation inputs (``alloc``), and the decoder's combinational GPR port;
 * the CUBE engine's :class:`~ptocube.hdl.tile_port.TilePortSignature` (``engine``);
 * the TIMG2COL engine's element port (``i2c``: the engine's ``src_req``, ``src_rsp`` and
@@ -77,9 +77,9 @@ _UNADDRESSED = (HostOp.NOP, HostOp.DESC_PART, HostOp.WRITE_GPR, HostOp.READ_GPR,
                 HostOp.WRITE_SYS, HostOp.READ_SYS)
 #: The sequencer's states (host commands, placement, publication), IDLE first.
 _SEQ_STATES = ("IDLE", "HOST_READS", "HOST_FACTS", "HOST_CHECK", "HOST", "HOST_ISSUE",
-               "HOST_READ", "HOST_SYNTH", "HOST_REPLY", "CFG_SCAN", "CFG_INSTALL", "CFG_CLEAR",
-               "PLACE_PLAN", "PLACE_NEXT", "PLACE_SCAN", "PLACE_END", "FREE_PLACED", "PUBLISH",
-               "PUBLISH_END")
+               "HOST_FETCH", "HOST_READ", "HOST_SYNTH", "HOST_REPLY", "CFG_SCAN", "CFG_INSTALL",
+               "CFG_CLEAR", "PLACE_PLAN", "PLACE_NEXT", "PLACE_SCAN", "PLACE_END", "FREE_PLACED",
+               "PUBLISH", "PUBLISH_END")
 
 
 class StoreOp(enum.Enum, shape=2):
@@ -118,6 +118,39 @@ class _BlockReadPort:
         self.data = Signal(memory.shape, name=f"{name}_rd_data", reset_less=True)
         with m.If(self.en):
             m.d.sync += self.data.eq(port.data)
+
+
+class _ReadBus:
+    """The read-data bus of one kind of memory (the payloads or the flags), through a fabric
+    register per memory (decision T39).
+
+    Each memory's read register is a block RAM's output, which takes most of a 10 ns cycle
+    to appear: it reaches only a register of its own (``out``), which the placer keeps
+    beside the RAM.  That register loads when the agent that read the memory moves its word
+    on (``move[agent]``, set by the agent: the cycle after its read, or later while its
+    pipeline stalls), and ``data`` is the ``out`` register of the memory read last, an
+    AND-OR of registers.  So ``data`` answers a read two cycles after it, and holds until
+    the next move: only one agent reads at a time (T3), and an agent whose pipeline stalls
+    issues no read, so its word waits in the memory's read register.
+    """
+
+    def __init__(self, m, ports, name, agents):
+        self.move = {agent: Signal(name=f"{name}_move_{agent}") for agent in agents}
+        last = Signal(len(ports), name=f"{name}_last_read")   # the memory read last
+        enables = Cat(port.en for port in ports)
+        with m.If(enables.any()):
+            m.d.sync += last.eq(enables)
+        move = Cat(*self.move.values()).any()
+        held = Signal(len(ports), name=f"{name}_held")        # ``out`` loaded last
+        with m.If(move):
+            m.d.sync += held.eq(last)
+        outs = []
+        for s, port in enumerate(ports):
+            out = Signal(len(port.data), name=f"{name}{s}_out", reset_less=True)
+            with m.If(move & last[s]):
+                m.d.sync += out.eq(port.data)
+            outs.append(out)
+        self.data = one_hot_select(held, outs)
 
 
 def _thermometer(m: Module, value, width: int, name: str) -> Signal:
@@ -294,9 +327,11 @@ class TileStore(wiring.Component):
 
     Members
     -------
-    tile_rd, shared_rd, word_rd, gpr_rd : the preflight's read ports (flipped), latency 1.
-        Answers hold until the next read of the same memory; ``word_rd`` must follow a
-        ``tile_rd`` or ``word_rd`` of the same register (decisions T11, T26).
+    tile_rd, shared_rd, word_rd, gpr_rd : the preflight's read ports (flipped), latency 1
+        (``word_rd``: 2, decision T39).
+        Answers hold until the next read of the same memory (``word_rd``'s until the next
+        payload read moves on); ``word_rd`` must follow a ``tile_rd`` or ``word_rd`` of the
+        same register (decisions T11, T26).
     alloc : the preflight's allocation inputs (flipped).
     gpr_index : In(5), gpr_value : Out(16)
         The decoder's combinational B.DIM GPR read.
@@ -402,10 +437,12 @@ class TileStore(wiring.Component):
         # the writes under their ``valid``: a writer's handshake reaches the registers' data,
         # not their clock enables (T33).
         wr_mask = [Signal(8, name=f"payload{s}_wr_mask") for s in spaces]
-        wr_addr = Signal(ww, name="payload_wr_addr")
+        # The address has a copy per memory (``keep``): one register's 40 block-RAM sinks
+        # spread over the device made the longest wire of session 25's route (12.8 ns).
+        wr_addr = [Signal(ww, name=f"payload{s}_wr_addr", attrs=KEEP) for s in spaces]
         wr_data = Signal(64, name="payload_wr_data")
-        for port, mask in zip(pay_wr, wr_mask):
-            m.d.comb += [port.en.eq(mask), port.addr.eq(wr_addr), port.data.eq(wr_data)]
+        for port, mask, addr in zip(pay_wr, wr_mask, wr_addr):
+            m.d.comb += [port.en.eq(mask), port.addr.eq(addr), port.data.eq(wr_data)]
         writes = []
 
         def write_payload(valid, masks, addr, data):
@@ -491,7 +528,7 @@ class TileStore(wiring.Component):
         for p in range(PE_COUNT):
             m.d.comb += self.alloc.pe_bytes_in_use[p].eq(pe_bytes[p])
 
-        # ---- preflight read ports (latency 1) ---------------------------------------
+        # ---- preflight read ports ----------------------------------------------------
         # ``tile_rd`` / ``shared_rd`` answer from the tables' read registers (the reads are
         # issued below, after the sequencer's, decision T3).
         td, sr, wd = self.tile_rd, self.shared_rd, self.word_rd
@@ -503,9 +540,11 @@ class TileStore(wiring.Component):
         m.d.comb += gr.data.eq(g_rd.data)
         # One read-data bus per memory kind for every agent: only one agent reads at a time
         # (T3), so the bus shows the memory read last (one-hot, registered with the read)
-        # instead of a multiplexer per agent at the block RAMs' outputs (issue #9).
-        pay_data, flg_data = (self._last_read(m, ports, name)
-                              for ports, name in ((pay_rd, "payload"), (flg_rd, "flags")))
+        # instead of a multiplexer per agent at the block RAMs' outputs (issue #9), through a
+        # register per memory (T39).
+        pay_bus = _ReadBus(m, pay_rd, "payload", ("host", "engine", "i2c", "word"))
+        flg_bus = _ReadBus(m, flg_rd, "flags", ("host", "i2c"))
+        pay_data, flg_data = pay_bus.data, flg_bus.data
         m.d.comb += wd.data.eq(pay_data)
 
         # ---- sequencer (host commands, placement, publication) ----------------------
@@ -1133,6 +1172,11 @@ class TileStore(wiring.Component):
 
         with seq.state("HOST_ISSUE"):
             # The read HOST chose, from registers (T26).
+            seq.goto("HOST_FETCH")
+
+        with seq.state("HOST_FETCH"):
+            # The word moves from the memory's read register to its ``out`` register (T39).
+            m.d.comb += [pay_bus.move["host"].eq(1), flg_bus.move["host"].eq(1)]
             seq.goto("HOST_READ")
 
         with seq.state("HOST_READ"):
@@ -1148,7 +1192,7 @@ class TileStore(wiring.Component):
         with seq.state("HOST_SYNTH"):
             # The pipeline's inputs hold from HOST on: its flags are ready in HOST_REPLY.
             m.d.sync += synth_wait.eq(synth_wait + 1)
-            with m.If(synth_wait == IMPLICIT_CYCLES - 3):
+            with m.If(synth_wait == IMPLICIT_CYCLES - 4):
                 to_reply()
 
         with seq.state("HOST_REPLY"):
@@ -1390,12 +1434,12 @@ class TileStore(wiring.Component):
             read_local(Cat(td.index, td.pe))
         with m.If(sr.en):
             read_shared(sr.sid)
-        engine_rd = self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_data, busy,
+        engine_rd = self._engine_port(m, read_local, read_shared, l_rd, s_rd, pay_bus, busy,
                                       write_payload)
-        i2c_rd, i2c_flag_rd = self._element_port(m, pay_data, flg_data, src, write_payload)
+        i2c_rd, i2c_flag_rd = self._element_port(m, pay_bus, flg_bus, src, write_payload)
         valid = Cat(*(w[0] for w in writes))
-        m.d.sync += [wr_addr.eq(one_hot_select(valid, [w[2] for w in writes])),
-                     wr_data.eq(one_hot_select(valid, [w[3] for w in writes]))]
+        m.d.sync += [addr.eq(one_hot_select(valid, [w[2] for w in writes])) for addr in wr_addr]
+        m.d.sync += wr_data.eq(one_hot_select(valid, [w[3] for w in writes]))
         m.d.sync += [mask.eq(one_hot_select(valid, [w[1][s] for w in writes]))
                      for s, mask in enumerate(wr_mask)]
         # The payload and flag reads: every request but the preflight's word read comes from
@@ -1406,7 +1450,7 @@ class TileStore(wiring.Component):
         # cycle before, from the ``tile_rd`` or ``word_rd`` of the same register (T11).
         word_base = Signal(cw, name="word_base")
         m.d.comb += base_rd.addr.eq(Mux(wd.en, Cat(wd.index, wd.pe), Cat(td.index, td.pe)))
-        m.d.sync += word_base.eq(base_rd.data)
+        m.d.sync += [word_base.eq(base_rd.data), pay_bus.move["word"].eq(word_go)]
         word_rd = _ReadRequest(valid=word_go, go=word_go,
                                sel=Cat(*(wd.pe == p for p in range(PE_COUNT)), Const(0, 1)),
                                addr=(word_base << 4) + wd.addr)
@@ -1416,16 +1460,7 @@ class TileStore(wiring.Component):
         _issue_reads(m, flg_rd, [host_flg_rd, i2c_flag_rd])
         return m
 
-    @staticmethod
-    def _last_read(m, ports, name):
-        """The data of the memory of ``ports`` read last (its read register holds it)."""
-        last = Signal(len(ports), name=f"{name}_last_read")
-        enables = Cat(port.en for port in ports)
-        with m.If(enables.any()):
-            m.d.sync += last.eq(enables)
-        return one_hot_select(last, [port.data for port in ports])
-
-    def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_data, seq_busy,
+    def _engine_port(self, m, read_local, read_shared, l_rd, s_rd, pay_bus, seq_busy,
                      write_payload):
         """The CUBE engine's TilePort: descriptors and payload words, one request at a time."""
         e = self.engine
@@ -1467,27 +1502,23 @@ class TileStore(wiring.Component):
             ]
         # Payload words: three stages that move together (decision T26): the request,
         # registered at the store's boundary; the memory read (``read_valid``: the read
-        # register holds the word); the response, a copy of the word, so that the engine's
-        # clients load words from flip-flops, not from the block RAMs' outputs.  A stalled
-        # response holds the read register too, and a request is taken whenever they move.
+        # register holds the word); the response, the memory's ``out`` register (T39), so
+        # that the engine's clients load words from flip-flops, not from the block RAMs'
+        # outputs.  A stalled response holds the read register too, and a request is taken
+        # whenever they move.
         q_valid = Signal(name="engine_rd_valid")
         q_sel = Signal(PE_COUNT + 1, name="engine_rd_sel")
         q_addr = Signal(self.ww, name="engine_rd_addr")
         read_valid = Signal(name="engine_read_valid")
         mem_valid = Signal(name="engine_rsp_valid")
-        word = Signal(64, name="engine_rsp_word")
         advance = ~mem_valid | e.mem_rsp.ready
         issue = q_valid & advance
         m.d.comb += [e.mem_rsp.valid.eq(mem_valid),
-                     e.mem_rsp.payload.eq(word),
-                     e.mem_req.ready.eq(~q_valid | advance)]
+                     e.mem_rsp.payload.eq(pay_bus.data),
+                     e.mem_req.ready.eq(~q_valid | advance),
+                     pay_bus.move["engine"].eq(advance & read_valid)]
         with m.If(advance):
             m.d.sync += [read_valid.eq(issue), mem_valid.eq(read_valid)]
-        # Only a word read for the engine is copied: with the engine always ready, a copy in
-        # every cycle would be one flip-flop with the host's and the preflight's copies of
-        # the bus (yosys merges them), whose fan-out crossed the device.
-        with m.If(advance & read_valid):
-            m.d.sync += word.eq(pay_data)
         with m.If(e.mem_req.ready):
             q = e.mem_req.payload
             m.d.sync += [q_valid.eq(e.mem_req.valid), q_addr.eq(q.addr),
@@ -1499,7 +1530,7 @@ class TileStore(wiring.Component):
                       w.addr, w.data)
         return _ReadRequest(valid=q_valid, go=issue, sel=q_sel, addr=q_addr)
 
-    def _element_port(self, m, pay_data, flg_data, src, write_payload):
+    def _element_port(self, m, pay_bus, flg_bus, src, write_payload):
         """The running TIMG2COL job's source element reads and destination element writes,
         on the memories of PE ``src.pe``; returns its payload and flag read requests."""
         # log2 of the element bytes, registered: the plan is held from PLACE to PUBLISH or
@@ -1508,16 +1539,17 @@ class TileStore(wiring.Component):
         m.d.sync += shift.eq(_log2_bytes(self.plan.a_type))
         ww, port = self.ww, self.i2c
         desc, src_base, synth = src.entry.desc, src.entry.base, src.entry.synth
-        # Four stages: the request, registered at the store's boundary with its word and flag
+        # Five stages: the request, registered at the store's boundary with its word and flag
         # addresses (``req_valid``, decision T26); the memory read (``read_valid``: the read
-        # registers hold the element's words); a copy of the words read (``word_valid``);
-        # then the response register: the block RAMs' outputs reach only the read-data
-        # buses' selects, the element and flag selects start from flip-flops, and so do the
-        # engine's decisions (decision T23).  All stages move together: a stalled response
-        # holds the read registers too (nothing else reads the memories during a job), and a
-        # request is taken whenever the stages move.
+        # registers hold the element's words); the memories' ``out`` registers (``out_valid``,
+        # T39); a copy of the words read (``word_valid``); then the response register: the
+        # read-data buses' selects start from flip-flops, and so do the element and flag
+        # selects and the engine's decisions (decision T23).  All stages move together: a
+        # stalled response holds the read registers too (nothing else reads the memories
+        # during a job), and a request is taken whenever the stages move.
         req_valid = Signal(name="i2c_req_valid")
         read_valid = Signal(name="i2c_read_valid")
+        out_valid = Signal(name="i2c_out_valid")
         word_valid = Signal(name="i2c_word_valid")
         rsp_valid = Signal(name="i2c_rsp_valid")
         req_addr = Signal(ww, name="i2c_req_addr")
@@ -1527,17 +1559,20 @@ class TileStore(wiring.Component):
         rsp = Signal(SourceResponseLayout, name="i2c_rsp")
         # The element's byte in its word, its flag in its flag word and its implicit flag,
         # per stage.
-        byte, read_byte, word_byte = (Signal(3, name=f"i2c_{n}byte")
-                                      for n in ("", "read_", "word_"))
-        index, read_index = (Signal(6, name=f"i2c_{n}index") for n in ("", "read_"))
+        byte, read_byte, out_byte, word_byte = (Signal(3, name=f"i2c_{n}byte")
+                                                for n in ("", "read_", "out_", "word_"))
+        index, read_index, out_index = (Signal(6, name=f"i2c_{n}index")
+                                        for n in ("", "read_", "out_"))
         # The copy's flag index: its low 3 bits, and its high 3 bits one-hot, so the flag is
         # a bit select of eight flag bytes' bits under a one-hot (decision T26).
         word_index = Signal(3, name="i2c_word_index")
         word_index_high = Signal(8, name="i2c_word_index_high")
-        implicit, read_implicit, word_implicit = (Signal(name=f"i2c_{n}implicit")
-                                                  for n in ("", "read_", "word_"))
+        implicit, read_implicit, out_implicit, word_implicit = (
+            Signal(name=f"i2c_{n}implicit") for n in ("", "read_", "out_", "word_"))
         advance = ~rsp_valid | port.src_rsp.ready
-        m.d.comb += port.src_req.ready.eq(advance)
+        m.d.comb += [port.src_req.ready.eq(advance),
+                     pay_bus.move["i2c"].eq(advance & read_valid),
+                     flg_bus.move["i2c"].eq(advance & read_valid)]
         addr = (src_base << 7) + (port.src_req.payload << shift)
         # A published source's flag (its valid region) is computed with the request and
         # registered, beside the memory reads (decision T13).
@@ -1545,13 +1580,16 @@ class TileStore(wiring.Component):
         take = port.src_req.valid & port.src_req.ready
         with m.If(advance):
             m.d.sync += [req_valid.eq(take), read_valid.eq(req_valid),
-                         word_valid.eq(read_valid), rsp_valid.eq(word_valid),
+                         out_valid.eq(read_valid), word_valid.eq(out_valid),
+                         rsp_valid.eq(word_valid),
                          read_byte.eq(byte), read_index.eq(index),
                          read_implicit.eq(implicit),
-                         word.eq(pay_data), flag_word.eq(flg_data), word_byte.eq(read_byte),
-                         word_index.eq(read_index[:3]),
-                         word_index_high.eq(Cat(*(read_index[3:] == k for k in range(8)))),
-                         word_implicit.eq(read_implicit),
+                         out_byte.eq(read_byte), out_index.eq(read_index),
+                         out_implicit.eq(read_implicit),
+                         word.eq(pay_bus.data), flag_word.eq(flg_bus.data),
+                         word_byte.eq(out_byte), word_index.eq(out_index[:3]),
+                         word_index_high.eq(Cat(*(out_index[3:] == k for k in range(8)))),
+                         word_implicit.eq(out_implicit),
                          rsp.data.eq(word >> (word_byte << 3)),
                          rsp.defined.eq(Mux(synth, word_implicit, one_hot_select(
                              word_index_high, [flag_word.word_select(k, 8).bit_select(

@@ -95,9 +95,9 @@ class CubeUnit(wiring.Component):
         self.decoder = BundleDecoder(config, parcels_per_beat=PARCELS_PER_BEAT)
         self.preflight = Preflight(config)
         self.store = TileStore(config)
-        # The store's element port answers four cycles after a request (decision T26): five
-        # reads in flight keep the copy at one element per cycle.
-        self.img2col = Img2ColEngine(config, fifo_depth=5)
+        # The store's element port answers five cycles after a request (decisions T26,
+        # T39): six reads in flight keep the copy at one element per cycle.
+        self.img2col = Img2ColEngine(config, fifo_depth=6)
         self.cube = self._cube_class(config) if self.has_cube else None
         self.phase = Signal(4, name="top_phase")
         #: The PE whose TIMG2COL job the engine runs (or runs next).

@@ -275,14 +275,19 @@ def run(cases, config=CONFIG, seed=0):
             verdict = plan = engine = None
             answered = set()            # ports whose answer is valid in this cycle
             last_reg = None             # the register the previous cycle's tile/word read named
+            word_due = None             # a word read's answer, due a cycle later (latency 2)
             while True:
                 (_, _, t_en, t_pe, t_index, s_en, sid, w_en, w_pe, w_index, w_addr, g_en,
                  g_addr, v_valid, v_bits, commit, _) = await ctx.tick().sample(*ports)
                 # An answer is valid for one cycle only: scramble it in the next.
                 for port in answered - {p for p, en in (("tile", t_en), ("shared", s_en),
-                                                        ("word", w_en), ("gpr", g_en)) if en}:
+                                                        ("gpr", g_en)) if en}:
                     garbage(ctx, port)
                 answered = set()
+                if word_due is not None:
+                    ctx.set(dut.word_rd.data, word_due)
+                    answered.add("word")
+                    word_due = None
                 if t_en:
                     bits, defined = store.tile(t_pe, t_index)
                     ctx.set(dut.tile_rd.desc.as_value(), bits)
@@ -297,8 +302,7 @@ def run(cases, config=CONFIG, seed=0):
                     # The store takes the word's base from the previous read of the same
                     # register (decision T11 in docs/decisions/hdl-top.md).
                     assert last_reg == (w_pe, w_index), "word read not after its register's read"
-                    ctx.set(dut.word_rd.data, store.word(w_pe, w_index, w_addr))
-                    answered.add("word")
+                    word_due = store.word(w_pe, w_index, w_addr)
                 last_reg = ((t_pe, t_index) if t_en else (w_pe, w_index) if w_en else None)
                 if g_en:
                     assert g_addr != 0, "GPR 0 is never read"

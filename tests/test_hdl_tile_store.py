@@ -45,7 +45,10 @@ STATE = parse_scenario({
                        "data": [[1, 0, 0, -1], [0, 1, 0, -1], [2, 0, 0, 127]]}],
                 "U": [{"dtype": "U64", "data": [["0x123456789abcdef0", 5, 6]], "cols": 4},
                       {"dtype": "U8", "location": "Matrix", "cols": 8, "tsize": 256,
-                       "data": [[1, 2, 3], [4, None, 6]],
+                       # Every word differs, some elements undefined: the element port's
+                       # stall test reads it (``_element_reads``).
+                       "data": [[None if (8 * r + c) % 13 == 5 else (8 * r + c) * 7 % 256
+                                 for c in range(8)] for r in range(32)],
                        "feature_map": {"height": 2, "width": 3, "padding": 77}}]},
     },
     "shared": {"S9": {"dtype": "S32", "data": [[1, 2], [3, 4]], "cols": 4},
@@ -109,14 +112,18 @@ def loaded():
             ctx.set(store.tile_rd.index, 16)                           # U#1
             await ctx.tick()
             ctx.set(store.tile_rd.en, 0)
+            # Each word is answered two cycles after its read (decision T39).
             for addr in range(3):
                 ctx.set(store.word_rd.en, 1)
                 ctx.set(store.word_rd.pe, pe)
                 ctx.set(store.word_rd.index, 16)
                 ctx.set(store.word_rd.addr, addr)
                 await ctx.tick()
-                words[pe, addr] = ctx.get(store.word_rd.data)
+                if addr:
+                    words[pe, addr - 1] = ctx.get(store.word_rd.data)
             ctx.set(store.word_rd.en, 0)
+            await ctx.tick()
+            words[pe, 2] = ctx.get(store.word_rd.data)
         out["word_rd"] = words
         gprs = {}
         for number in range(24):
@@ -153,8 +160,13 @@ def loaded():
                        for r in SysReg]
         out["host"] = host
         out["engine_desc"] = await _engine_lookups(ctx, store)
+        reads = [(pe, host[pe, index, "desc"][2] * 16 + w)
+                 for pe, index, tile in _tiles() for w in range(tile.capacity // 8)]
+        out["engine_words"] = dict(zip(reads, await _engine_words(ctx, store, reads)))
         out["sources"] = {index: await _load_sources(ctx, store, index)
                           for index in (_ONLY_PE2, _WITH_FM)}
+        # ``_load_sources`` leaves PE0's register _WITH_FM as the element port's source.
+        out["elements"] = await _element_reads(ctx, store, STATE.tile(0, _WITH_FM).capacity)
 
     _run(bench)
     return out
@@ -225,6 +237,66 @@ async def _load_sources(ctx, store, index):
             assert await source() == loaded, (index, p)
         sources[p] = loaded
     return [sources[p] for p in range(4)]
+
+
+async def _stalled_reads(ctx, req, rsp, requests, seed):
+    """Offer ``requests`` (each a function that sets ``req.payload``) back to back on the
+    stream ``req``, with gaps, and take the answers on ``rsp`` with ``ready`` low at random:
+    a stalled answer must hold, and the reads behind it must wait (decision T39)."""
+    rng = random.Random(seed)
+    answers, todo = [], list(requests)
+    while len(answers) < len(requests):
+        offer = bool(todo) and rng.random() < 0.8
+        if offer:
+            todo[0]()
+        take = rng.random() < 0.5
+        ctx.set(req.valid, offer)
+        ctx.set(rsp.ready, take)
+        *_, req_ready, rsp_valid, rsp_bits = await ctx.tick().sample(
+            req.ready, rsp.valid, Value.cast(rsp.payload))
+        if offer and req_ready:
+            todo.pop(0)
+        if rsp_valid and take:
+            answers.append(rsp_bits)
+    ctx.set(req.valid, 0)
+    return answers
+
+
+async def _engine_words(ctx, store, reads):
+    """The payload words ``reads`` ((space, word address) pairs) through the CUBE engine's
+    ``mem_req`` / ``mem_rsp``, its answers stalled at random."""
+    port = store.engine
+
+    def request(space, addr):
+        def offer():
+            ctx.set(port.mem_req.payload.space, space)
+            ctx.set(port.mem_req.payload.addr, addr)
+        return offer
+
+    return await _stalled_reads(ctx, port.mem_req, port.mem_rsp,
+                                [request(*r) for r in reads], seed=3)
+
+
+async def _element_reads(ctx, store, count):
+    """Source elements 0..count-1 through the TIMG2COL element port (``src_req`` /
+    ``src_rsp``, byte elements: the plan's type is 0), in a shuffled order so that the
+    reads in flight come from different words, its answers stalled at random; as
+    ``(data, defined)`` pairs in element order."""
+    port = store.i2c
+    order = random.Random(5).sample(range(count), count)
+
+    def request(index):
+        def offer():
+            ctx.set(port.src_req.payload, index)
+        return offer
+
+    answers = await _stalled_reads(ctx, port.src_req, port.src_rsp,
+                                   [request(q) for q in order], seed=4)
+    layout = port.src_rsp.payload.shape()
+    # The answer is the word from the element's byte on; the engine cuts it to the type.
+    by_index = {q: (layout.from_bits(bits).data & 0xFF, layout.from_bits(bits).defined)
+                for q, bits in zip(order, answers)}
+    return [by_index[q] for q in range(count)]
 
 
 def _tiles():
@@ -302,6 +374,26 @@ def test_engine_descriptor_lookups(loaded):
         assert got.base == loaded["host"][pe, index, "desc"][2], (pe, index)
     assert not answers[3, 63].allocated and not answers[4, 255].allocated
     assert not answers[4, 200].allocated                      # not published
+
+
+def test_engine_payload_reads_under_stalls(loaded):
+    """The CUBE engine's payload reads return every loaded word, in order, while its answers
+    stall at random (a stalled answer holds, the reads behind it wait)."""
+    for pe, index, tile in _tiles():
+        base = loaded["host"][pe, index, "desc"][2] * 16
+        got = [loaded["engine_words"][pe, base + w] for w in range(tile.capacity // 8)]
+        assert got == tile_words(tile), (pe, index)
+
+
+def test_element_reads_under_stalls(loaded):
+    """The TIMG2COL element port returns each byte of its source and the byte's flag, in
+    order, while its answers stall at random."""
+    tile = STATE.tile(0, _WITH_FM)
+    payload = np.asarray(tile.payload, dtype=np.uint8)[:tile.capacity]
+    defined = np.zeros(tile.capacity, dtype=bool)
+    defined[:tile.defined.size] = tile.defined.ravel()
+    assert loaded["elements"] == [(int(b), int(d)) for b, d in zip(payload, defined)]
+    assert not all(defined[:tile.defined.size])         # an undefined element is read too
 
 
 def test_src_load_reads_every_source(loaded):
