@@ -34,7 +34,7 @@ from ..model.faults import FaultClass
 from .config import CubeConfig
 from .descriptor import (DatrLayout, DestinationLayout, DimLayout, FpatrLayout, IorLayout,
                          RecordLayout)
-from .logic import or_tree
+from .logic import or_tree, register_copies
 from .skid_buffer import SkidBuffer
 
 __all__ = ["ParcelBeat", "ParcelAligner", "InstructionMatcher", "BundleDecoder", "PROGRESS_BOUND"]
@@ -417,6 +417,10 @@ class _State(enum.Enum, shape=2):
 def _pe_mask_table():
     """The PE mask of each PEMode, indexable by a signal."""
     return Array(Const(pe_mask_of_pemode(mode), 4) for mode in range(8))
+
+
+#: Copies of each output entry's empty flag, each enabling a share of the entry (issue #9).
+_ENTRY_ENABLES = 4
 
 
 class _HeldKind(enum.Enum, shape=2):
@@ -935,14 +939,27 @@ class BundleDecoder(wiring.Component):
         tail = head ^ out_valid
         with m.If(taken):
             m.d.sync += head.eq(~head)
-        for k, (slot, valid) in enumerate(zip(entries, held)):
+        # Each valid bit is registered from ``held_next`` together with copies of its
+        # inverse, each the enable of a share of its entry: one flip-flop's 307 enables
+        # spanned the device (8.95 ns in session 25's route, issue #9).
+        held_next = [Signal(name=f"out{k}_valid_next") for k in range(2)]
+        empties = []
+        for k, (slot, valid, nxt) in enumerate(zip(entries, held, held_next)):
+            m.d.comb += nxt.eq(valid)
             with m.If(new & (tail == k)):
-                m.d.sync += valid.eq(1)
+                m.d.comb += nxt.eq(1)
             with m.If(taken & (head == k)):
-                m.d.sync += valid.eq(0)
+                m.d.comb += nxt.eq(0)
+            m.d.sync += valid.eq(nxt)
             # An empty entry follows the record whatever happens (as in ``SkidBuffer``).
-            with m.If(~valid):
-                m.d.sync += slot.eq(record)
+            empty = register_copies(m, ~nxt, _ENTRY_ENABLES, f"out{k}_empty", init=1)
+            empties.append((valid, empty))
+            bits, value = slot.as_value(), record.as_value()
+            share = -(-len(bits) // _ENTRY_ENABLES)
+            for j, copy in enumerate(empty):
+                with m.If(copy):
+                    m.d.sync += bits[j * share:(j + 1) * share].eq(
+                        value[j * share:(j + 1) * share])
 
         # The fix-up is tested first: it depends on registers only, so the late ``o.ready`` and
         # ``squash`` stay off the enables of the state and the output registers (while
@@ -954,9 +971,9 @@ class BundleDecoder(wiring.Component):
             with m.If(~out_valid):
                 m.d.sync += [state.eq(_State.SKIP), second.eq(0)]
             with m.Elif((out.kind == _HeldKind.DROP) | (out.kind == _HeldKind.REOPEN)):
-                for k, valid in enumerate(held):
+                for k, nxt in enumerate(held_next):
                     with m.If(head == k):
-                        m.d.sync += valid.eq(0)
+                        m.d.comb += nxt.eq(0)
                 with m.If(out.kind == _HeldKind.REOPEN):
                     m.d.sync += state.eq(_State.OPEN)
             with m.Elif(out.kind == _HeldKind.TO_ILLEGAL):
@@ -978,7 +995,7 @@ class BundleDecoder(wiring.Component):
         ]
         return SimpleNamespace(state=state, go=go, emit=emit, second=second, pending=pending,
                                squashing=squashing, busy=busy, out_valid=out_valid,
-                               spare_valid=spare_valid)
+                               spare_valid=spare_valid, empties=empties)
 
     # -- checks (formal verification and simulation) -----------------------------------
 
@@ -1024,6 +1041,8 @@ class BundleDecoder(wiring.Component):
             Assert(step.busy | ~(step.second | step.squashing), "the state machine is not held"),
             Assert(~(step.pending & step.spare_valid), "a record behind a pending verdict"),
             Assert(step.out_valid | ~step.spare_valid, "a second output entry without a first"),
+            *(Assert(copy == ~valid, "an entry's enable copy differs from its valid bit")
+              for valid, empty in step.empties for copy in empty),
         ]
         if self.checks != "all":
             return
