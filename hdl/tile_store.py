@@ -288,14 +288,22 @@ class _OneHotFSM:
     ``state(name)`` opens a state's block and ``goto(target)`` leaves it, like
     ``m.FSM`` / ``m.State`` / ``m.next``: the last ``goto`` a cycle executes wins, so each
     one also clears the targets that the state's earlier ``goto`` calls may have set.
+    ``copies[name]`` more flip-flops of a state (``copy[name]``, ``keep``) are set and
+    cleared with it, for wide enables (decision T41).
     """
 
-    def __init__(self, m: Module, states, name: str):
+    def __init__(self, m: Module, states, name: str, copies: dict | None = None):
         self._m = m
         self.on = {s: Signal(name=f"{name}_{s.lower()}", init=k == 0)
                    for k, s in enumerate(states)}
+        self.copy = {s: [Signal(name=f"{name}_{s.lower()}_copy{j}", init=states.index(s) == 0,
+                                attrs=KEEP) for j in range(count)]
+                     for s, count in (copies or {}).items()}
         self._targets = {s: [] for s in states}
         self._current = None
+
+    def _set(self, state: str, value: int):
+        self._m.d.sync += [flop.eq(value) for flop in (self.on[state], *self.copy.get(state, ()))]
 
     @contextlib.contextmanager
     def state(self, name: str):
@@ -308,8 +316,10 @@ class _OneHotFSM:
     def goto(self, target: str):
         """Make ``target`` the state of the next cycle."""
         seen = self._targets[self._current]
-        self._m.d.sync += [self.on[s].eq(0) for s in (*seen, self._current) if s != target]
-        self._m.d.sync += self.on[target].eq(1)
+        for s in (*seen, self._current):
+            if s != target:
+                self._set(s, 0)
+        self._set(target, 1)
         if target not in seen:
             seen.append(target)
 
@@ -558,7 +568,9 @@ class TileStore(wiring.Component):
         rsp_valid = Signal()
         stage = Signal(128)                    # DESC_PART staging register
         ok = Signal()
-        seq = _OneHotFSM(m, _SEQ_STATES, "seq")
+        # IDLE has a copy per command-data copy: their enable (223 sinks of one flip-flop,
+        # 8.52 ns of routing in session 25's route) is split (decision T41).
+        seq = _OneHotFSM(m, _SEQ_STATES, "seq", copies={"IDLE": len(cmd_data)})
         on = seq.on
         m.d.comb += [self.host_rsp.payload.eq(rsp), self.host_rsp.valid.eq(rsp_valid)]
         with m.If(self.host_rsp.ready):
@@ -1118,7 +1130,9 @@ class TileStore(wiring.Component):
             # The command register loads in every idle cycle: it holds the command from
             # the one that takes it (its fields are read only after, decision T26).
             m.d.sync += cmd.eq(self.host_cmd.payload)
-            m.d.sync += [copy.eq(self.host_cmd.payload.data) for copy in cmd_data.values()]
+        for idle, copy in zip(seq.copy["IDLE"], cmd_data.values()):
+            with m.If(idle):
+                m.d.sync += copy.eq(self.host_cmd.payload.data)
 
         with seq.state("HOST_READS"):
             # The command's entries are read from the command register, and the answer's

@@ -216,12 +216,15 @@ async def run_async(gen, transact):
 async def stream_request(ctx, req, bits: int, rsp) -> int:
     """Send one item ``bits`` on stream ``req`` and return the bits of the next item on
     stream ``rsp`` (whose ``ready`` the caller holds high): a request/response port in an
-    Amaranth testbench, such as the host port or the tile port's descriptor lookup."""
+    Amaranth testbench, such as the host port or the tile port's descriptor lookup.  Once
+    taken, the payload is inverted: a port that reads it after the handshake fails."""
+    payload = Value.cast(req.payload)
     ctx.set(req.valid, 1)
-    ctx.set(Value.cast(req.payload), bits)
+    ctx.set(payload, bits)
     while not (await ctx.tick().sample(req.ready))[2]:
         pass
     ctx.set(req.valid, 0)
+    ctx.set(payload, ~bits & ((1 << len(payload)) - 1))
     while True:
         _, _, valid, payload = await ctx.tick().sample(rsp.valid, Value.cast(rsp.payload))
         if valid:
