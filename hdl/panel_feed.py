@@ -371,7 +371,12 @@ class PanelFeed(FeedComponent):
         # Reads leave from a request register with a spare one behind it: the fill issues
         # while the spare is free, so that its moves depend on its own registers only, not
         # on the arbiter's ready (decision C24).
-        m.submodules.dests = dests = fifo.SyncFIFO(
+        # Buffered: each response's destination comes from a register, not from the FIFO's
+        # LUT RAM (its read and the bank decode were 10.9 ns into the panel memories' write
+        # ports in session 25's route, decision 47 in docs/decisions/hdl-cube.md); a
+        # response comes at least four cycles after its request, when its destination has
+        # reached the register.
+        m.submodules.dests = dests = fifo.SyncFIFOBuffered(
             width=sum(w for _, w in dest_fields), depth=_FILL_DEPTH)
         req_valid, req_dest = Signal(), Signal(len(dest))
         spare_valid, spare_dest = Signal(), Signal(len(dest))
