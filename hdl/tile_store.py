@@ -125,7 +125,7 @@ class _ReadBus:
     register per memory (decision T39).
 
     Each memory's read register is a block RAM's output, which takes most of a 10 ns cycle
-    to appear: it reaches only a register of its own (``out``), which the placer keeps
+    to appear: it reaches only a register of its own (``out``), which the placer can put
     beside the RAM.  That register loads when the agent that read the memory moves its word
     on (``move[agent]``, set by the agent: the cycle after its read, or later while its
     pipeline stalls), and ``data`` is the ``out`` register of the memory read last, an
