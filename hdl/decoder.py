@@ -34,7 +34,7 @@ from ..model.faults import FaultClass
 from .config import CubeConfig
 from .descriptor import (DatrLayout, DestinationLayout, DimLayout, FpatrLayout, IorLayout,
                          RecordLayout)
-from .logic import or_tree, register_copies
+from .logic import load_in_shares, or_tree, register_copies
 from .skid_buffer import SkidBuffer
 
 __all__ = ["ParcelBeat", "ParcelAligner", "InstructionMatcher", "BundleDecoder", "PROGRESS_BOUND"]
@@ -954,12 +954,7 @@ class BundleDecoder(wiring.Component):
             # An empty entry follows the record whatever happens (as in ``SkidBuffer``).
             empty = register_copies(m, ~nxt, _ENTRY_ENABLES, f"out{k}_empty", init=1)
             empties.append((valid, empty))
-            bits, value = slot.as_value(), record.as_value()
-            share = -(-len(bits) // _ENTRY_ENABLES)
-            for j, copy in enumerate(empty):
-                with m.If(copy):
-                    m.d.sync += bits[j * share:(j + 1) * share].eq(
-                        value[j * share:(j + 1) * share])
+            load_in_shares(m, slot, record, empty)
 
         # The fix-up is tested first: it depends on registers only, so the late ``o.ready`` and
         # ``squash`` stay off the enables of the state and the output registers (while

@@ -10,7 +10,8 @@ import operator
 
 from amaranth.hdl import Const, Module, Mux, Signal, Value
 
-__all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "register_copies"]
+__all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "register_copies",
+           "load_in_shares"]
 
 #: Attributes of a register that synthesis must not merge with an equal one: the builds'
 #: yosys scripts (``KEEP_COPIES`` in ``build/pnr.py``) mark the flip-flops driving such a
@@ -47,3 +48,14 @@ def register_copies(m: Module, value, count: int, name: str, init: int = 0) -> l
     regs = [Signal(width, name=f"{name}{i}", init=init, attrs=KEEP) for i in range(count)]
     m.d.sync += [reg.eq(value) for reg in regs]
     return regs
+
+
+def load_in_shares(m: Module, target, value, enables):
+    """``target`` loads ``value`` in equal shares of its bits, share ``i`` while
+    ``enables[i]`` (copies of one enable, :func:`register_copies`): each copy's fan-out is a
+    share of the register's width."""
+    bits, source = Value.cast(target), Value.cast(value)
+    share = -(-len(bits) // len(enables))
+    for i, enable in enumerate(enables):
+        with m.If(enable):
+            m.d.sync += bits[i * share:(i + 1) * share].eq(source[i * share:(i + 1) * share])

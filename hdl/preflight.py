@@ -64,7 +64,7 @@ from ..model.state import PE_COUNT
 from .config import CubeConfig
 from .descriptor import RecordLayout
 from .img2col_engine import Img2ColJobLayout
-from .logic import register_copies
+from .logic import load_in_shares, register_copies
 from .param_check import ParamCheck
 from .tile_desc import (OperandRole, OutputRole, ParamSource, PlanLayout, SharedDescLayout,
                         TileDescLayout, TileLocation)
@@ -1318,11 +1318,7 @@ class Preflight(wiring.Component):
         m.d.sync += [accepted.eq(ready & self.record.valid), ready.eq(ready_next)]
         m.d.comb += self.record.ready.eq(ready)
         copies = register_copies(m, ready_next, _RECORD_ENABLES, "record_ready_copy", init=1)
-        bits, payload = rec.as_value(), self.record.payload.as_value()
-        share = -(-len(bits) // _RECORD_ENABLES)
-        for k, copy in enumerate(copies):
-            with m.If(copy):
-                m.d.sync += bits[k * share:(k + 1) * share].eq(payload[k * share:(k + 1) * share])
+        load_in_shares(m, rec, self.record.payload, copies)
 
         # IDLE: ``slot`` and ``word`` are 0 here already (every way into IDLE clears them);
         # a fault record or a no-op has its verdict, the others START.
