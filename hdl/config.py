@@ -89,8 +89,11 @@ PRESETS = {
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # All type classes on a 2x2 array for the ECP5-85F: one full-type PE takes about
     # 2,800 logic cells, so a 4x4 array alone would fill 54 % of the device (docs/fpga.md).
-    "ecp5-full": CubeConfig(rows=2, cols=2, tile_bytes_per_pe=16 * 1024,
-                            shared_bytes=16 * 1024),
+    # The lane path one lane at a time: all at once it packs to 9,732 logic cells, four
+    # times the serial path's 2,401, and the unit stopped routing (docs/decisions/fpga.md,
+    # F42).
+    "ecp5-full": CubeConfig(rows=2, cols=2, serial_lane_feed=True,
+                            tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # Integer-only 2x2 array, the smallest build, meant for the iCE40 UP5K; the whole unit
     # does not fit that device yet (docs/fpga.md, "Breakdown by component").
     "ice40-tiny": CubeConfig(rows=2, cols=2, float_types=False, mx_types=False,

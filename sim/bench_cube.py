@@ -16,8 +16,8 @@ Cases (each one Matrix bundle; M is at most 32 per PE - CUBE_M32 - so the issue'
 * ``overhead``: a 1 x 1 x 1 bundle on one PE: the fixed cost of a bundle;
 * ``S8, Shared B``: a Shared row-major B, which the operand buffers cannot take, so the beats
   come from the lane path: every lane at once (``OperandFeed``), then one lane at a time
-  (``serial_lane_feed``, as ``ecp5-int8`` builds it: ``SerialFeed``); ``serial / parallel``
-  in the second row is the ratio of their cycles.
+  (``serial_lane_feed``, as ``ecp5-int8`` and ``ecp5-full`` build it: ``SerialFeed``);
+  ``serial / parallel`` in the second row is the ratio of their cycles.
 
 Every case is checked bit for bit against the model.  ``bench_cube()`` returns one dict
 per case (``case``, ``array`` (R, C, L), ``shape``, ``pes``, ``cycles``, ``macs``,

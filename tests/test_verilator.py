@@ -336,8 +336,8 @@ def test_source_fingerprint_follows_the_source(tmp_path, monkeypatch):
 # The CUBE unit on Verilator (make regress): scenarios against the model and pysim
 # ---------------------------------------------------------------------------
 
-#: The Verilated build: all type classes on the 4 x 4 array, 16 KiB per PE (the smaller
-#: memories keep the Verilog export and the C++ build to minutes).
+#: The Verilated build: the ECP5 boards' unit, all type classes on a 2 x 2 array, 16 KiB
+#: per PE (the smaller memories keep the Verilog export and the C++ build to minutes).
 UNIT_CONFIG = PRESETS["ecp5-full"]
 
 
