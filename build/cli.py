@@ -73,7 +73,7 @@ def _board_arguments(parser, board_required=True):
     parser.add_argument("--seed", type=_seed_list, metavar="N[,N...]",
                         help="nextpnr placer seed (default 1); build: seeds tried in order "
                              "while router2 stalls (default for the board's unit: the "
-                             "board's, 2,3,1 on the ULX3S-85F and 1,2,3 on the ECPIX-5)")
+                             "board's, 3,1,2 on the ULX3S-85F and 1,2,3 on the ECPIX-5)")
     parser.add_argument("--stall", type=int, default=STALL_ITERATIONS, metavar="ITERATIONS",
                         help="stop router2 after this many iterations (or 30 minutes) "
                              "without progress, 5 %% fewer overused wires (default "
