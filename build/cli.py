@@ -73,7 +73,7 @@ def _board_arguments(parser, board_required=True):
     parser.add_argument("--seed", type=_seed_list, metavar="N[,N...]",
                         help="nextpnr placer seed (default 1); build: seeds tried in order "
                              "while router2 stalls (default for the board's unit: the "
-                             "board's, 3,1,2 on the ULX3S-85F and 1,2,3 on the ECPIX-5)")
+                             "board's, 3,1,2 on the ULX3S-85F and 14,6,3 on the ECPIX-5)")
     parser.add_argument("--stall", type=int, default=STALL_ITERATIONS, metavar="ITERATIONS",
                         help="stop router2 after this many iterations (or 30 minutes) "
                              "without progress, 5 %% fewer overused wires (default "
@@ -147,7 +147,9 @@ def add_build_arguments(parser):
                              "board's FPGA")
     parser.add_argument("--heatmap", action="store_true",
                         help="router2 writes its congestion of every iteration into "
-                             "OUT/heat/seedN/ (read them with ptocube synth --congestion)")
+                             "OUT/heat/seedN/ (read them with ptocube synth --congestion); "
+                             "the option changes nextpnr's placement, so a seed's result "
+                             "with it does not carry over to a build without it")
     parser.add_argument("--jobs", type=_positive, default=1, metavar="N",
                         help="place and route up to N of the --seed list at once (after "
                              "one synthesis); the first to finish gives the bitstream "
