@@ -70,10 +70,13 @@ def _board_arguments(parser, board_required=True):
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="configuration preset (default: the board's; build --design "
                              "unit: the board's unit preset, ecp5-full on the ECP5 boards)")
+    # The boards' seeds are read from BOARDS, so the help cannot fall behind a new route.
+    unit_seeds = ", ".join(f"{','.join(map(str, b.unit_seeds))} on the {name}"
+                           for name, b in sorted(BOARDS.items()) if b.unit_seeds != (1,))
     parser.add_argument("--seed", type=_seed_list, metavar="N[,N...]",
                         help="nextpnr placer seed (default 1); build: seeds tried in order "
                              "while router2 stalls (default for the board's unit: the "
-                             "board's, 3,1,2 on the ULX3S-85F and 14,6,3 on the ECPIX-5)")
+                             f"board's, {unit_seeds})")
     parser.add_argument("--stall", type=int, default=STALL_ITERATIONS, metavar="ITERATIONS",
                         help="stop router2 after this many iterations (or 30 minutes) "
                              "without progress, 5 %% fewer overused wires (default "
