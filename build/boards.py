@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from .ecp5_pll import Ecp5Pll, pll_dividers
 from .pnr import (DEVICES, KEEP_COPIES, STALL_ITERATIONS, Device, PnrResult, RouterStalled,
-                  StallWatch, ToolError, WatchedRun, result_from_files, run_watched, tool)
+                  StallWatch, ToolError, WatchedRun, place_only, placed_wirelength,
+                  result_from_files, run_watched, tool)
 
 __all__ = ["Board", "BOARDS", "SELFTEST_DESIGNS", "ECP5_UNIT_MHZ", "board", "BoardTop",
            "BuildResult", "build_bitstream", "toolchain_env", "TOOL_VARS"]
@@ -203,7 +205,8 @@ class BuildResult:
     """A board build: where the bitstream is and the figures of its place and route
     (``figures.seed`` is the seed that routed; ``stalled`` the seeds tried before it, each
     with its :class:`~ptocube.build.pnr.RouterStalled`; ``stopped`` the seeds still running
-    beside it when it finished, with ``jobs`` above 1)."""
+    beside it when it finished, with ``jobs`` above 1; ``placements`` each seed's placed
+    wirelength, with ``sweep``)."""
     board: str
     bitstream: Path
     figures: PnrResult
@@ -214,6 +217,7 @@ class BuildResult:
     router: str | None = None
     stalled: list = field(default_factory=list)
     stopped: list = field(default_factory=list)
+    placements: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """A plain dictionary for ``summary.json``."""
@@ -225,6 +229,7 @@ class BuildResult:
                 "stalled": [{"seed": seed, "best": e.best, "best_iteration": e.best_iteration,
                              "iteration": e.iteration} for seed, e in self.stalled],
                 "stopped": list(self.stopped),
+                "placements": {str(seed): length for seed, length in self.placements.items()},
                 **self.figures.to_json()}
 
 
@@ -232,8 +237,8 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                     router: str | None = None, placer: str | None = None,
                     design: str | None = None, preset: str | None = None,
                     timeout: float | None = None, stall: int | None = STALL_ITERATIONS,
-                    jobs: int = 1, heatmap: bool = False, progress=None,
-                    poll_seconds: float = 5.0) -> BuildResult:
+                    jobs: int = 1, heatmap: bool = False, sweep: bool = False,
+                    progress=None, placed=None, poll_seconds: float = 5.0) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
     ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design`` and
     ``preset``, what ``top`` carries, e.g. ``unit`` of ``ecp5-int4``, and the placer, router
@@ -251,7 +256,13 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     :attr:`BuildResult.stopped`, their logs kept as ``top.seedN.tim``), and a stalled seed
     makes room for the next. ``heatmap``: router2 writes its congestion maps of every
     iteration into ``heat/seedN/`` (``h_congestion_by_net_I.csv``, read by ``ptocube synth
-    --congestion``), kept for every seed. Timing is not enforced by nextpnr
+    --congestion``), kept for every seed. ``sweep``: after synthesis every seed is placed
+    first, without routing (up to ``jobs`` at once; logs ``placed-seedN.log``), ``placed``
+    (if given) is called with each seed and its wirelength, and the seeds are then routed
+    in order of wirelength, lowest first (the placer is deterministic: a seed places the
+    same again). Across seeds of one netlist the lowest placements are the ones router2
+    finishes (``docs/fpga.md``). The heatmap option changes nextpnr's placement, so the two
+    are refused together (``ValueError``). Timing is not enforced by nextpnr
     (``--timing-allow-fail``) so that a miss still gives a report;
     :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
     Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails, the tools together take
@@ -261,6 +272,9 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     seeds = list(seeds)
     if not seeds:
         raise ValueError("build_bitstream needs at least one seed")
+    if sweep and heatmap:
+        raise ValueError("a sweep places without router2's heatmap, an option that changes "
+                         "the placement: ask for one of the two")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -292,17 +306,28 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     plan.extract(out)
     late = f"{brd.name} build did not finish within {timeout} s (logs in {out})"
     script = ["sh", f"{plan.script}.sh"]
-    if jobs > 1 and len(seeds) > 1:
-        # Each seed's directory gets the script, the constraints and the netlist.
-        inputs = [*plan.files, "top.json"]
-        done, seed, stalled, stopped = _route_in_parallel(
-            script, out, inputs, brd.device.family, env, seeds, jobs, stall=stall,
-            deadline=deadline, late=late, progress=progress, poll_seconds=poll_seconds)
-    else:
-        done, seed, stalled = _route_in_turn(script, out, env, seeds, stall=stall,
-                                             deadline=deadline, late=late, progress=progress,
-                                             poll_seconds=poll_seconds)
-        stopped = []
+    parallel = jobs > 1 and len(seeds) > 1
+    done, seed, stalled, stopped, placements = None, seeds[0], [], [], {}
+    if parallel or sweep:
+        # Synthesis alone first: the seeds then share its netlist.
+        later_tools = list(TOOL_VARS[brd.device.family])[1:]
+        synthesis_only = {**env, **dict.fromkeys(later_tools, shutil.which("true"))}
+        done = run_watched(script, out, deadline=deadline, late=late, env=synthesis_only,
+                           poll_seconds=poll_seconds)
+    if done is None or done.returncode == 0:
+        if sweep:
+            placements = _place_seeds(out, brd.device, seeds, placer, jobs, deadline, placed)
+            seeds.sort(key=placements.get)
+        if parallel:
+            # Each seed's directory gets the script, the constraints and the netlist.
+            inputs = [*plan.files, "top.json"]
+            done, seed, stalled, stopped = _route_in_parallel(
+                script, out, inputs, env, seeds, jobs, stall=stall, deadline=deadline,
+                late=late, progress=progress, poll_seconds=poll_seconds)
+        else:
+            done, seed, stalled = _route_in_turn(
+                script, out, env, seeds, synthesized=done is not None, stall=stall,
+                deadline=deadline, late=late, progress=progress, poll_seconds=poll_seconds)
     if done.returncode != 0:
         logs = [out / "top.tim", out / "top.rpt"]
         text = next((p.read_text() for p in logs if p.exists() and p.stat().st_size), "")
@@ -312,22 +337,43 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,
                          round(time.monotonic() - start, 2), design, placer, preset, router,
-                         stalled, stopped)
+                         stalled, stopped, placements)
     figures.seconds = result.seconds
     (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result
 
 
-def _route_in_turn(script, out, env, seeds, *, stall, deadline, late, progress,
+def _place_seeds(out, device, seeds, placer, jobs, deadline, placed) -> dict:
+    """Place each of ``seeds`` from ``out/top.json`` without routing, up to ``jobs`` at once:
+    ``{seed: wirelength}``; ``placed(seed, wirelength)`` as each one ends."""
+    constraints = out / f"top.{device.pin_constraints}"
+
+    def place(seed):
+        timeout = None if deadline is None else max(1.0, deadline - time.monotonic())
+        place_only(out / "top.json", device, seed=seed, placer=placer, timeout=timeout,
+                   constraints=constraints if constraints.is_file() else None, write=False)
+        length = placed_wirelength((out / f"placed-seed{seed}.log").read_text())
+        if length is None:
+            raise ToolError(f"seed {seed}: nextpnr's log gives no wirelength "
+                            f"({out / f'placed-seed{seed}.log'})")
+        if placed is not None:
+            placed(seed, length)
+        return length
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return dict(zip(seeds, pool.map(place, seeds)))
+
+
+def _route_in_turn(script, out, env, seeds, *, synthesized, stall, deadline, late, progress,
                    poll_seconds):
-    """Place and route ``seeds`` one after the other in ``out`` until one is not stalled:
+    """Place and route ``seeds`` one after the other in ``out`` until one is not stalled
+    (``synthesized``: the netlist is there already):
     ``(finished process, its seed, [(stalled seed, RouterStalled)])``."""
     stalled = []
     for attempt, seed in enumerate(seeds):
         env["PTOCUBE_SEED"] = str(seed)
-        if attempt:
-            # The netlist of the first attempt is kept: the script's synthesis step becomes
-            # a no-op.
+        if attempt or synthesized:
+            # The netlist is kept: the script's synthesis step becomes a no-op.
             env["YOSYS"] = shutil.which("true")
         watch = StallWatch(out / "top.tim", stall) if stall else None
         try:
@@ -345,18 +391,13 @@ def _route_in_turn(script, out, env, seeds, *, stall, deadline, late, progress,
         return done, seed, stalled
 
 
-def _route_in_parallel(script, out, inputs, family, env, seeds, jobs, *, stall, deadline,
-                       late, progress, poll_seconds):
-    """Synthesize once in ``out``, then place and route up to ``jobs`` of ``seeds`` at once,
-    each in ``out/seedN`` with the files named ``inputs``; the first to finish wins and the
-    files it wrote move into ``out``:
+def _route_in_parallel(script, out, inputs, env, seeds, jobs, *, stall, deadline, late,
+                       progress, poll_seconds):
+    """Place and route up to ``jobs`` of ``seeds`` at once from the netlist synthesized in
+    ``out``, each in ``out/seedN`` with the files named ``inputs``; the first to finish wins
+    and the files it wrote move into ``out``:
     ``(finished process, its seed, [(stalled seed, RouterStalled)], [stopped seeds])``."""
     true = shutil.which("true")
-    synthesis_only = {**env, **{var: true for var in list(TOOL_VARS[family])[1:]}}
-    done = run_watched(script, out, deadline=deadline, late=late, env=synthesis_only,
-                       poll_seconds=poll_seconds)
-    if done.returncode != 0:
-        return done, seeds[0], [], []
     names = set(inputs)
     waiting, running, stalled = list(seeds), {}, []
 

@@ -75,8 +75,8 @@ def _board_arguments(parser, board_required=True):
                            for name, b in sorted(BOARDS.items()) if b.unit_seeds != (1,))
     parser.add_argument("--seed", type=_seed_list, metavar="N[,N...]",
                         help="nextpnr placer seed (default 1); build: seeds tried in order "
-                             "while router2 stalls (default for the board's unit: the "
-                             f"board's, {unit_seeds})")
+                             "while router2 stalls, A-B for a range (default for the "
+                             f"board's unit: the board's, {unit_seeds})")
     parser.add_argument("--stall", type=int, default=STALL_ITERATIONS, metavar="ITERATIONS",
                         help="stop router2 after this many iterations (or 30 minutes) "
                              "without progress, 5 %% fewer overused wires (default "
@@ -90,13 +90,18 @@ def _board_arguments(parser, board_required=True):
 
 
 def _seed_list(text: str) -> tuple:
-    """``--seed``: one seed or a comma-separated list."""
+    """``--seed``: one seed or a comma-separated list of seeds and ranges ``A-B``."""
+    seeds = []
     try:
-        seeds = tuple(int(part) for part in text.split(","))
+        for part in text.split(","):
+            first, dash, last = part.partition("-")
+            if dash and int(first) > int(last):
+                raise ValueError(part)
+            seeds += range(int(first), int(last) + 1) if dash else [int(part)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds are integers separated by commas, not "
-                                         f"{text!r}") from None
-    return seeds
+        raise argparse.ArgumentTypeError(f"seeds are integers or ranges A-B (A <= B) "
+                                         f"separated by commas, not {text!r}") from None
+    return tuple(seeds)
 
 
 def _positive(text: str) -> int:
@@ -127,6 +132,10 @@ def _report_stall(seed, error):
     print(f"seed {seed}: {error}; stopped", file=sys.stderr, flush=True)
 
 
+def _report_placement(seed, wirelength):
+    print(f"seed {seed}: placed, wirelength {wirelength}", file=sys.stderr, flush=True)
+
+
 def _out_dir(args, brd):
     return Path(args.out) if args.out else Path("build") / "out" / brd.name
 
@@ -153,6 +162,11 @@ def add_build_arguments(parser):
                              "OUT/heat/seedN/ (read them with ptocube synth --congestion); "
                              "the option changes nextpnr's placement, so a seed's result "
                              "with it does not carry over to a build without it")
+    parser.add_argument("--sweep", action="store_true",
+                        help="place every --seed first without routing (about 5 minutes "
+                             "each for the unit, --jobs at once), then route them in order "
+                             "of wirelength, lowest first: the lowest placements are the "
+                             "ones router2 finishes (docs/fpga.md)")
     parser.add_argument("--jobs", type=_positive, default=1, metavar="N",
                         help="place and route up to N of the --seed list at once (after "
                              "one synthesis); the first to finish gives the bitstream "
@@ -165,7 +179,7 @@ def run_build(args) -> int:
     ``--force``)."""
     from . import array_selftest, selftest
     from .boards import BoardTop, build_bitstream
-    from .pnr import ToolError
+    from .pnr import RouterStalled, ToolError
     brd = board(args.board)
     design_name = args.design or brd.design
     unit = design_name == "unit"
@@ -175,6 +189,10 @@ def run_build(args) -> int:
               f"({brd.device}; docs/fpga.md, \"Breakdown by component\" and \"The array "
               f"self-test\"): build --design array (the board's default), or add --force to "
               f"run the tools anyway", file=sys.stderr)
+        return 2
+    if args.sweep and args.heatmap:
+        print("error: --sweep places without router2's heatmap, which changes the "
+              "placement: give one of --sweep and --heatmap", file=sys.stderr)
         return 2
     out = _out_dir(args, brd)
     unit_mhz = args.unit_mhz or brd.unit_mhz
@@ -192,10 +210,15 @@ def run_build(args) -> int:
         router = args.router or (brd.unit_router if unit else None)
         result = build_bitstream(brd, top, out, seeds=_seeds(args, brd, unit and name),
                                  router=router, stall=args.stall or None,
-                                 jobs=args.jobs, heatmap=args.heatmap,
-                                 progress=_report_stall,
+                                 jobs=args.jobs, heatmap=args.heatmap, sweep=args.sweep,
+                                 progress=_report_stall, placed=_report_placement,
                                  placer=placer, design=design_name, preset=name,
                                  timeout=args.timeout * 60 if args.timeout else None)
+    except RouterStalled as error:
+        # Which seeds route changes with the netlist: point to the sweep.
+        print(f"error: every seed stalled (the last: {error}); try more seeds, in order "
+              f"of their placements: --seed 1-12 --sweep --jobs 2", file=sys.stderr)
+        return 1
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

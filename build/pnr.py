@@ -35,7 +35,7 @@ from amaranth.lib.wiring import In, Out
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
            "StallWatch", "WatchedRun", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS",
            "run_watched", "tool", "synthesize", "place_and_route", "result_from_files",
-           "cell_counts", "place_only", "KEEP_COPIES"]
+           "cell_counts", "place_only", "placed_wirelength", "KEEP_COPIES"]
 
 
 class ToolError(RuntimeError):
@@ -543,13 +543,15 @@ def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,
 
 
 def place_only(netlist, device: Device, *, seed: int = 1, placer: str | None = None,
-               constraints=None, timeout: float | None = None) -> Path:
+               constraints=None, timeout: float | None = None, write: bool = True) -> Path:
     """Place a synthesized ``netlist`` (yosys JSON, e.g. a build's ``top.json``) on ``device``
     without routing; returns the placed netlist nextpnr wrote beside it,
     ``placed-seed<seed>.json`` (log ``placed-seed<seed>.log``).
 
     constraints: the board's pin constraints (a build's ``top.lpf`` / ``top.pcf``); without
                  them unconstrained pins are allowed.  placer: as :func:`place_and_route`.
+    write: ``False`` keeps only the log (the unit's placed netlist is about as large as
+           ``top.json``); :func:`placed_wirelength` reads the placement's figure from it.
     A placement of the 8 x 8 unit takes about five minutes where its route takes an hour:
     :mod:`~ptocube.build.placement` reads the result.
     """
@@ -558,7 +560,9 @@ def place_only(netlist, device: Device, *, seed: int = 1, placer: str | None = N
     name = f"placed-seed{seed}"
     args = [tool(f"yowasp-nextpnr-{device.family}"), *device.nextpnr_args,
             "--json", netlist.name, "--seed", str(seed), "--timing-allow-fail", "--no-route",
-            "--write", f"{name}.json", "--log", f"{name}.log", "--quiet"]
+            "--log", f"{name}.log", "--quiet"]
+    if write:
+        args += ["--write", f"{name}.json"]
     kind = device.pin_constraints
     if constraints is not None:
         args += [f"--{kind}", str(Path(constraints).resolve())]
@@ -568,3 +572,13 @@ def place_only(netlist, device: Device, *, seed: int = 1, placer: str | None = N
         args += ["--placer", placer]
     _run(args, workdir, f"{name}.log", timeout)
     return workdir / f"{name}.json"
+
+
+_WIRELEN = re.compile(r"wirelen = (\d+)")
+
+
+def placed_wirelength(log_text: str) -> int | None:
+    """The wirelength nextpnr's placer ended with (the last ``wirelen =`` of its log), or
+    ``None`` if the log has none."""
+    found = _WIRELEN.findall(log_text)
+    return int(found[-1]) if found else None

@@ -241,7 +241,7 @@ def test_cli_build_unit_flow(monkeypatch):
 
     def fake_build(brd, top, out, **kwargs):
         asked.append((brd.name, kwargs["design"], top, kwargs["placer"], kwargs["router"],
-                      kwargs["seeds"], kwargs["jobs"]))
+                      kwargs["seeds"], kwargs["jobs"], kwargs["sweep"]))
         raise ToolError("stop here")
     monkeypatch.setattr(boards, "build_bitstream", fake_build)
     monkeypatch.setattr(boards, "BoardTop", lambda brd, design, **kwargs: design)
@@ -253,19 +253,35 @@ def test_cli_build_unit_flow(monkeypatch):
                  ["--board", "icebreaker"],
                  ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap",
                   "--router", "router1", "--preset", "ecp5-int8"],
-                 ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5,7", "--jobs", "2"]):
+                 ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5,7", "--jobs", "2"],
+                 ["--board", "ecpix5-85", "--seed", "2-4,9", "--sweep"]):
         assert _cli("build", *argv) == 1
     assert asked == [
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (3, 1, 2), 1),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (14, 6, 3), 1),
-        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,), 1),
-        ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,), 1),
-        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,), 1),
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7), 2)]
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (3, 1, 2), 1, False),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (14, 6, 3), 1, False),
+        ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,), 1, False),
+        ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,), 1, False),
+        ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,), 1, False),
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7), 2, False),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 4, 9), 1, True)]
     assert _cli("synth", "--board", "ulx3s-85f", "--seed", "1,2") == 2
-    for bad in (["--seed", "1,x"], ["--jobs", "0"], ["--jobs", "two"]):
+    for bad in (["--seed", "1,x"], ["--seed", "4-2"], ["--seed", "1-"], ["--jobs", "0"],
+                ["--jobs", "two"]):
         with pytest.raises(SystemExit):
             _cli("build", "--board", "ulx3s-85f", *bad)
+
+
+def test_cli_build_every_seed_stalled(monkeypatch, capsys):
+    # When no seed routes, the message names the last stall and points to the sweep.
+    def stalled_build(brd, top, out, **kwargs):
+        raise pnr.RouterStalled(5, 40, 120)
+    monkeypatch.setattr(boards, "build_bitstream", stalled_build)
+    monkeypatch.setattr(boards, "BoardTop", lambda brd, design, **kwargs: design)
+    monkeypatch.setattr(selftest, "unit_selftest", lambda config, **kwargs: config)
+    assert _cli("build", "--board", "ecpix5-85") == 1
+    err = capsys.readouterr().err
+    assert "every seed stalled" in err and "5 overused wires at iteration 40" in err
+    assert "--seed 1-12 --sweep" in err
 
 
 def test_cli_build_timeout(monkeypatch, tmp_path, capsys):
@@ -361,12 +377,13 @@ class _Blink(Elaboratable):
         return m
 
 
-def _stand_in_tools(tmp_path, monkeypatch, counts, pause="0.01"):
+def _stand_in_tools(tmp_path, monkeypatch, counts, pause="0.01", wirelength="1000 + seed"):
     """Stand-ins for yosys, nextpnr and ecppack behind the real amaranth build script; each
     call is logged in ``tmp_path/calls``. nextpnr logs router2 iterations with the overused
     wire ``counts`` (a Python expression of ``seed``), ``pause`` seconds apart, writes them
     as a heatmap by net when given ``--router2-heatmap``, and routes when the last count
-    is 0."""
+    is 0; with ``--no-route`` it only logs its placer's ``wirelength`` (an expression of
+    ``seed``) and the call as ``place N``."""
     tools = tmp_path / "tools"
     tools.mkdir()
     calls = tmp_path / "calls"
@@ -378,8 +395,15 @@ open("top.json", "w").write("{{}}")
 """))
     monkeypatch.setenv("NEXTPNR_ECP5", _fake_tool(tools / "nextpnr", f"""
 seed = int(opt("--seed"))
-open({str(calls)!r}, "a").write(f"nextpnr {{seed}}\\n")
 log = open(opt("--log"), "w")
+if "--no-route" in args:
+    open({str(calls)!r}, "a").write(f"place {{seed}}\\n")
+    length = {wirelength}
+    for i in (1, 5) if length is not None else ():
+        log.write(f"Info:   at iteration #{{i}}: temp = 0.000000, timing cost = 9, "
+                  f"wirelen = {{length + 5 - i}}\\n")
+    sys.exit(0)
+open({str(calls)!r}, "a").write(f"nextpnr {{seed}}\\n")
 counts = {counts}
 for i, n in enumerate(counts, start=1):
     log.write(f"Info:     iter={{i}} wires=1000 overused={{n}} overuse={{n}} archfail=NA\\n")
@@ -484,6 +508,67 @@ def test_build_keeps_router2_heatmaps_of_every_seed(tmp_path, monkeypatch, capsy
     assert "at iteration 2: 7 on 3 nets" in listed and "top.core.hot" in listed
     assert _cli("synth", "--congestion", str(tmp_path)) == 2
     assert "no router2 heatmap" in capsys.readouterr().err
+
+
+def test_build_sweep_routes_the_lowest_placement_first(tmp_path, monkeypatch):
+    # --sweep: one synthesis, every seed placed without routing, then routed in order of
+    # wirelength: 3 (300, stalls), 5 (400, routes); 1 (500) is never routed.
+    calls = _stand_in_tools(tmp_path, monkeypatch,
+                            "[900, 5] + [5, 7, 6] * 40 if seed == 3 else [900, 40, 0]",
+                            wirelength="{1: 500, 3: 300, 5: 400}[seed]")
+    placed, stalls = [], []
+    out = tmp_path / "out"
+    result = boards.build_bitstream(board("ulx3s-85f"), _Blink(), out, seeds=(1, 3, 5),
+                                    sweep=True, stall=4, poll_seconds=0.02,
+                                    placed=lambda seed, length: placed.append((seed, length)),
+                                    progress=lambda seed, error: stalls.append(seed))
+    assert calls.read_text().split("\n")[:-1] == [
+        "yosys", "place 1", "place 3", "place 5", "nextpnr 3", "nextpnr 5"]
+    assert placed == [(1, 500), (3, 300), (5, 400)] and stalls == [3]
+    assert result.figures.seed == 5 and result.placements == {1: 500, 3: 300, 5: 400}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["placements"] == {"1": 500, "3": 300, "5": 400} and summary["seed"] == 5
+    assert pnr.placed_wirelength((out / "placed-seed3.log").read_text()) == 300
+    assert not list(out.glob("placed-seed*.json"))     # the logs only
+
+
+def test_build_sweep_side_by_side(tmp_path, monkeypatch):
+    # With two jobs the placements run two at a time and the routes start from the lowest:
+    # seeds 7 and 2 (the lowest two) at once; 7 routes first.
+    calls = _stand_in_tools(tmp_path, monkeypatch,
+                            "[900, 40, 0] if seed == 7 else [900] + [800] * 60",
+                            wirelength="{2: 20, 4: 40, 7: 10}[seed]", pause="0.02")
+    result = boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out",
+                                    seeds=(4, 2, 7), sweep=True, jobs=2, stall=50,
+                                    poll_seconds=0.02)
+    lines = calls.read_text().split("\n")[:-1]
+    assert lines[0] == "yosys" and sorted(lines[1:4]) == ["place 2", "place 4", "place 7"]
+    assert sorted(lines[4:]) == ["nextpnr 2", "nextpnr 7"]
+    assert result.figures.seed == 7 and result.stopped == [2]
+
+
+def test_build_sweep_refusals(tmp_path, monkeypatch, capsys):
+    # The heatmap option moves the placement, so a sweep cannot rank it; a placement log
+    # without a wirelength is an error, not a guess.
+    top = _Blink()
+    top._MustUse__silence = True        # refused before elaboration
+    with pytest.raises(ValueError, match="heatmap"):
+        boards.build_bitstream(board("ulx3s-85f"), top, tmp_path / "out", seeds=(1, 2),
+                               sweep=True, heatmap=True)
+    assert _cli("build", "--board", "ulx3s-85f", "--sweep", "--heatmap") == 2
+    assert "--sweep" in capsys.readouterr().err
+    _stand_in_tools(tmp_path, monkeypatch, "[0]", wirelength="None")
+    with pytest.raises(ToolError, match="no wirelength"):
+        boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out1", seeds=(1,),
+                               sweep=True, poll_seconds=0.02)
+
+
+def test_placed_wirelength():
+    log = ("Info:   at iteration #1: temp = 0.000000, timing cost = 1767, wirelen = 461318\n"
+           "Info:   at iteration #26: temp = 0.000000, timing cost = 1657, wirelen = 416546 \n"
+           "Info: Max frequency for clock '$glbnet$pll.clk': 59.95 MHz (PASS at 6.25 MHz)\n")
+    assert pnr.placed_wirelength(log) == 416546
+    assert pnr.placed_wirelength("Info: Packing\n") is None
 
 
 @pytest.mark.parametrize("in_mhz", [12, 25, 48, 100])
