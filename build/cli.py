@@ -115,12 +115,20 @@ def _positive(text: str) -> int:
     return value
 
 
+#: ``build --sweep`` without ``--seed`` places these seeds and the board's own.
+SWEEP_SEEDS = tuple(range(1, 9))
+
+
 def _seeds(args, brd, unit_preset=None) -> tuple:
     """The ``--seed`` list given, else the board's unit seeds for a build of its default
-    unit (``unit_preset`` names the unit preset being built), else seed 1."""
+    unit (``unit_preset`` names the unit preset being built), else seed 1; a ``--sweep``
+    without ``--seed`` adds :data:`SWEEP_SEEDS`."""
     if args.seed is not None:
         return args.seed
-    return brd.unit_seeds if unit_preset and unit_preset == brd.unit_preset else (1,)
+    seeds = brd.unit_seeds if unit_preset and unit_preset == brd.unit_preset else (1,)
+    if args.sweep:
+        seeds = tuple(sorted({*seeds, *SWEEP_SEEDS}))
+    return seeds
 
 
 def _one_seed(args) -> int:
@@ -166,7 +174,8 @@ def add_build_arguments(parser):
                         help="place every --seed first without routing (about 5 minutes "
                              "each for the unit, --jobs at once), then route them in order "
                              "of wirelength, lowest first: the lowest placements are the "
-                             "ones router2 finishes (docs/fpga.md)")
+                             "ones router2 finishes (docs/fpga.md); without --seed, seeds "
+                             f"{SWEEP_SEEDS[0]}-{SWEEP_SEEDS[-1]} and the board's")
     parser.add_argument("--jobs", type=_positive, default=1, metavar="N",
                         help="place and route up to N of the --seed list at once (after "
                              "one synthesis); the first to finish gives the bitstream "

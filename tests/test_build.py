@@ -254,7 +254,9 @@ def test_cli_build_unit_flow(monkeypatch):
                  ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap",
                   "--router", "router1", "--preset", "ecp5-int8"],
                  ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5,7", "--jobs", "2"],
-                 ["--board", "ecpix5-85", "--seed", "2-4,9", "--sweep"]):
+                 ["--board", "ecpix5-85", "--seed", "2-4,9", "--sweep"],
+                 ["--board", "ecpix5-85", "--sweep", "--jobs", "2"],
+                 ["--board", "icebreaker", "--sweep"]):
         assert _cli("build", *argv) == 1
     assert asked == [
         ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (3, 1, 2), 1, False),
@@ -263,7 +265,11 @@ def test_cli_build_unit_flow(monkeypatch):
         ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,), 1, False),
         ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,), 1, False),
         ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7), 2, False),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 4, 9), 1, True)]
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 4, 9), 1, True),
+        # --sweep without --seed: seeds 1-8 and the board's.
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2",
+         (1, 2, 3, 4, 5, 6, 7, 8, 14), 2, True),
+        ("icebreaker", "array", preset("ice40-tiny"), None, None, tuple(range(1, 9)), 1, True)]
     assert _cli("synth", "--board", "ulx3s-85f", "--seed", "1,2") == 2
     for bad in (["--seed", "1,x"], ["--seed", "4-2"], ["--seed", "1-"], ["--jobs", "0"],
                 ["--jobs", "two"]):
