@@ -551,7 +551,8 @@ def place_only(netlist, device: Device, *, seed: int = 1, placer: str | None = N
     constraints: the board's pin constraints (a build's ``top.lpf`` / ``top.pcf``); without
                  them unconstrained pins are allowed.  placer: as :func:`place_and_route`.
     write: ``False`` keeps only the log (the unit's placed netlist is about as large as
-           ``top.json``); :func:`placed_wirelength` reads the placement's figure from it.
+           ``top.json``), and the path returned names no file; :func:`placed_wirelength`
+           reads the placement's figure from the log.
     A placement of the 8 x 8 unit takes about five minutes where its route takes an hour:
     :mod:`~ptocube.build.placement` reads the result.
     """
