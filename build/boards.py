@@ -23,6 +23,7 @@ from amaranth_boards.icebreaker import ICEBreakerPlatform
 from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from .ecp5_pll import Ecp5Pll, pll_dividers
+from .outreg import absorb_in_file
 from .pnr import (DEVICES, KEEP_COPIES, STALL_ITERATIONS, Device, PnrResult, RouterStalled,
                   StallWatch, ToolError, WatchedRun, place_only, placed_wirelength,
                   result_from_files, run_watched, tool)
@@ -307,13 +308,17 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     late = f"{brd.name} build did not finish within {timeout} s (logs in {out})"
     script = ["sh", f"{plan.script}.sh"]
     parallel = jobs > 1 and len(seeds) > 1
+    ecp5 = brd.device.family == "ecp5"
     done, seed, stalled, stopped, placements = None, seeds[0], [], [], {}
-    if parallel or sweep:
-        # Synthesis alone first: the seeds then share its netlist.
+    if parallel or sweep or ecp5:
+        # Synthesis alone first: the seeds then share its netlist, and on ECP5 the block
+        # RAMs take the registers after their read ports (decision F44).
         later_tools = list(TOOL_VARS[brd.device.family])[1:]
         synthesis_only = {**env, **dict.fromkeys(later_tools, shutil.which("true"))}
         done = run_watched(script, out, deadline=deadline, late=late, env=synthesis_only,
                            poll_seconds=poll_seconds)
+        if ecp5 and done.returncode == 0:
+            absorb_in_file(out / "top.json", out / "top.stat.json", out / "top.outreg.log")
     if done is None or done.returncode == 0:
         if sweep:
             placements = _place_seeds(out, brd.device, seeds, placer, jobs, deadline, placed)

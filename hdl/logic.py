@@ -11,12 +11,17 @@ import operator
 from amaranth.hdl import Const, Module, Mux, Signal, Value
 
 __all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "register_copies",
-           "load_in_shares"]
+           "load_in_shares", "NO_COLLISION", "BlockReadPort"]
 
 #: Attributes of a register that synthesis must not merge with an equal one: the builds'
 #: yosys scripts (``KEEP_COPIES`` in ``build/pnr.py``) mark the flip-flops driving such a
 #: signal ``keep``, which ``opt_merge`` respects.
 KEEP = {"keep": 1}
+
+#: Memory attributes telling yosys that a read never meets a write to the same entry in one
+#: cycle (or that such a read's data is never used): with :class:`BlockReadPort`, no
+#: collision logic around the block RAM.
+NO_COLLISION = {"no_rw_check": 1}
 
 
 def balanced(op, values):
@@ -59,3 +64,24 @@ def load_in_shares(m: Module, target, value, enables):
     for i, enable in enumerate(enables):
         with m.If(enable):
             m.d.sync += bits[i * share:(i + 1) * share].eq(source[i * share:(i + 1) * share])
+
+
+class BlockReadPort:
+    """A synchronous read port of ``memory`` (latency 1, ``data`` held while ``en`` is low),
+    built so that yosys maps it into block RAM with no collision logic.
+
+    An ``amaranth.lib.memory`` read port in the sync domain must return the old entry when a
+    write hits it in the same cycle; yosys emulates that around the block RAM with registers
+    of the written data and address and a bypass.  An asynchronous port followed by an
+    enabled register is the same in simulation, and yosys merges that register into the RAM
+    honouring ``no_rw_check`` (the memory's ``attrs``, :data:`NO_COLLISION`): no emulation
+    (decision T11).
+    """
+
+    def __init__(self, m: Module, memory, name: str):
+        port = memory.read_port(domain="comb")
+        self.addr = port.addr
+        self.en = Signal(name=f"{name}_rd_en")
+        self.data = Signal(memory.shape, name=f"{name}_rd_data", reset_less=True)
+        with m.If(self.en):
+            m.d.sync += self.data.eq(port.data)

@@ -49,6 +49,7 @@ from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
 from .config import CubeConfig
 from .cube_run import block_walker, column_outer
+from .logic import NO_COLLISION, BlockReadPort
 from .operand_feed import FeedComponent
 
 __all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
@@ -136,12 +137,17 @@ class PanelFeed(FeedComponent):
         cfg, run, beat = self.config, self.run, self.feed.payload
         rows, cols, slots = cfg.rows, cfg.cols, self.slots
 
+        # A beat reads an entry at least a cycle after its last write (``p_ok`` is registered
+        # from the completion counts) and no entry is written twice in a run, so a read whose
+        # words are used never meets a write to its entry in one cycle: yosys need not
+        # emulate the collision (``no_rw_check``), and the block RAMs' outputs reach the word
+        # registers directly (decision 48).
         m.submodules.a_mem = a_mem = Memory(shape=64 * rows, depth=a_buffer_depth(cfg),
-                                            init=[])
+                                            init=[], attrs=NO_COLLISION)
         m.submodules.b_mem = b_mem = Memory(shape=64 * cols, depth=b_buffer_depth(cfg),
-                                            init=[])
-        a_wr, a_rd = a_mem.write_port(granularity=32), a_mem.read_port()
-        b_wr, b_rd = b_mem.write_port(granularity=64), b_mem.read_port()
+                                            init=[], attrs=NO_COLLISION)
+        a_wr, a_rd = a_mem.write_port(granularity=32), BlockReadPort(m, a_mem, "a_mem")
+        b_wr, b_rd = b_mem.write_port(granularity=64), BlockReadPort(m, b_mem, "b_mem")
         a_aw, b_aw = len(a_rd.addr), len(b_rd.addr)
 
         # Per-run facts (decision C20): registers loaded every cycle from the run context,
@@ -665,7 +671,10 @@ class PanelFeed(FeedComponent):
         m1_a_off, m1_b_off, m2_a_off, m2_b_off = (Signal(6) for _ in range(4))
         m1_row_ok, row_ok = Signal(rows), Signal(rows)
         m1_col_ok, col_ok = Signal(cols), Signal(cols)
-        a_words, b_words = Signal(64 * rows), Signal(64 * cols)
+        # Data registers without a reset (a beat's words are loaded before they are used), so
+        # that an ECP5 build takes them into the block RAMs as output registers (F44).
+        a_words = Signal(64 * rows, reset_less=True)
+        b_words = Signal(64 * cols, reset_less=True)
         out_a = [Signal(len(Value.cast(beat.a[i])), name=f"out_a{i}") for i in range(rows)]
         out_b = [Signal(len(Value.cast(beat.b[j])), name=f"out_b{j}") for j in range(cols)]
         m.d.comb += [a_rd.addr.eq(p_a_entry), a_rd.en.eq(go),

@@ -53,7 +53,7 @@ from .config import CubeConfig
 from .host import (DESC_PART_BASE, DESC_PART_UNDEFINED, FM_PARTS, HostCommandLayout, HostError,
                    HostOp, HostResponseLayout, SysReg, build_info)
 from .img2col import FEATURE_MAP_DESCRIPTOR, source_index_width
-from .logic import KEEP, one_hot_select
+from .logic import KEEP, NO_COLLISION, BlockReadPort, one_hot_select
 from .img2col_engine import DestinationWriteLayout, SourceResponseLayout
 from .preflight import (AllocQuerySignature, GprReadSignature, SharedReadSignature,
                         TileReadSignature, WordReadSignature, one_hot_index)
@@ -70,8 +70,6 @@ FLAG_WORDS_PER_CELL = 4
 #: Width of a register's undefined-valid-element count (256 KiB of 4-bit slots).
 UNDEFINED_WIDTH = 20
 _WORDS_PER_CELL = CELL_BYTES // 8
-#: Tells yosys a read never meets a write to the same entry in one cycle (decision T11).
-_NO_COLLISION = {"no_rw_check": 1}
 #: Host commands that do not address a tile register (their ``index`` is not checked).
 _UNADDRESSED = (HostOp.NOP, HostOp.DESC_PART, HostOp.WRITE_GPR, HostOp.READ_GPR,
                 HostOp.WRITE_SYS, HostOp.READ_SYS)
@@ -98,26 +96,6 @@ def ElementPortSignature(config: CubeConfig) -> wiring.Signature:
         "src_rsp": In(stream.Signature(SourceResponseLayout)),
         "dst": Out(stream.Signature(DestinationWriteLayout(width))),
     })
-
-
-class _BlockReadPort:
-    """A synchronous read port of ``memory`` (latency 1, ``data`` held while ``en`` is low),
-    built so that yosys maps it into block RAM with no collision logic.
-
-    An ``amaranth.lib.memory`` read port in the sync domain must return the old entry when a
-    write hits it in the same cycle; yosys emulates that around the block RAM with registers
-    of the written data and address and a bypass.  An asynchronous port followed by an
-    enabled register is the same in simulation, and yosys merges that register into the RAM
-    honouring ``no_rw_check`` (the memory's ``attrs``): no emulation (decision T11).
-    """
-
-    def __init__(self, m, memory, name):
-        port = memory.read_port(domain="comb")
-        self.addr = port.addr
-        self.en = Signal(name=f"{name}_rd_en")
-        self.data = Signal(memory.shape, name=f"{name}_rd_data", reset_less=True)
-        with m.If(self.en):
-            m.d.sync += self.data.eq(port.data)
 
 
 class _ReadBus:
@@ -432,14 +410,14 @@ class TileStore(wiring.Component):
         # ---- storage ----------------------------------------------------------------
         pay_rd, pay_wr, flg_rd, flg_wr = [], [], [], []
         for s in spaces:
-            p = Memory(shape=64, depth=cells[s] * _WORDS_PER_CELL, init=[], attrs=_NO_COLLISION)
+            p = Memory(shape=64, depth=cells[s] * _WORDS_PER_CELL, init=[], attrs=NO_COLLISION)
             f = Memory(shape=64, depth=cells[s] * FLAG_WORDS_PER_CELL, init=[],
-                       attrs=_NO_COLLISION)
+                       attrs=NO_COLLISION)
             m.submodules[f"payload{s}"] = p
             m.submodules[f"flags{s}"] = f
-            pay_rd.append(_BlockReadPort(m, p, f"payload{s}"))
+            pay_rd.append(BlockReadPort(m, p, f"payload{s}"))
             pay_wr.append(p.write_port(granularity=8))
-            flg_rd.append(_BlockReadPort(m, f, f"flags{s}")), flg_wr.append(f.write_port())
+            flg_rd.append(BlockReadPort(m, f, f"flags{s}")), flg_wr.append(f.write_port())
         # Every payload write (host, CUBE engine, TIMG2COL destination) is registered at the
         # store's boundary and reaches the memory a cycle later: the memories' write inputs
         # are flip-flops (decision T26).  ``write_payload`` adds a writer; the writers never
@@ -458,21 +436,21 @@ class TileStore(wiring.Component):
         def write_payload(valid, masks, addr, data):
             writes.append((valid, masks, addr, data))
 
-        lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
-        sreg = Memory(shape=self.shared_entry, depth=256, init=[], attrs=_NO_COLLISION)
+        lreg = Memory(shape=self.local_entry, depth=PE_COUNT * 64, init=[], attrs=NO_COLLISION)
+        sreg = Memory(shape=self.shared_entry, depth=256, init=[], attrs=NO_COLLISION)
         # The feature maps are stored one 64-bit part to a word, the part number the high
         # address bits: every reader takes one part at a time, so the block RAMs' outputs are
         # one 64-bit bus and the part is chosen by address, not by a multiplexer of the whole
         # entry (issue #9, decisions T16, T20).
-        fmr = Memory(shape=64, depth=FM_PARTS * PE_COUNT * 64, init=[], attrs=_NO_COLLISION)
+        fmr = Memory(shape=64, depth=FM_PARTS * PE_COUNT * 64, init=[], attrs=NO_COLLISION)
         m.submodules.local_regs, m.submodules.shared_regs = lreg, sreg
         m.submodules.fm_regs = fmr
         # One synchronous read port per table, shared by every agent (decision T11): the
         # tables map to block RAM, and an agent reads only while the others cannot.  Outputs
         # hold until the next read.
-        l_rd, l_wr = _BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
-        s_rd, s_wr = _BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
-        fm_rd, fm_wr = _BlockReadPort(m, fmr, "fm_regs"), fmr.write_port()
+        l_rd, l_wr = BlockReadPort(m, lreg, "local_regs"), lreg.write_port()
+        s_rd, s_wr = BlockReadPort(m, sreg, "shared_regs"), sreg.write_port()
+        fm_rd, fm_wr = BlockReadPort(m, fmr, "fm_regs"), fmr.write_port()
         # The host's copies of the Local and Shared files, written with them and read only
         # by host commands: the host's facts and the bundles' readers (preflight, engines)
         # each load from block RAMs of their own, which the placer can put beside each
@@ -480,12 +458,12 @@ class TileStore(wiring.Component):
         host_files = []
         for memory, write, name in ((lreg, l_wr, "local_regs_host"),
                                     (sreg, s_wr, "shared_regs_host")):
-            copy = Memory(shape=memory.shape, depth=memory.depth, init=[], attrs=_NO_COLLISION)
+            copy = Memory(shape=memory.shape, depth=memory.depth, init=[], attrs=NO_COLLISION)
             m.submodules[name] = copy
             copy_wr = copy.write_port()
             m.d.comb += [copy_wr.en.eq(write.en), copy_wr.addr.eq(write.addr),
                          copy_wr.data.eq(write.data)]
-            host_files.append(_BlockReadPort(m, copy, name))
+            host_files.append(BlockReadPort(m, copy, name))
         lh_rd, sh_rd = host_files
         # The Local entries' bases again, in LUT RAM written with the Local file: the
         # preflight's word read adds its word to a register's base looked up here a cycle
@@ -513,10 +491,10 @@ class TileStore(wiring.Component):
         # GPRs: a memory for the 64-bit reads (host, preflight), and a second one of their
         # low 16 bits for the decoder's combinational GPR[15:0], read asynchronously (LUT
         # RAM, decision T21).  GPR0 is never written, so it reads as zero.
-        gpr_mem = Memory(shape=64, depth=1 << 5, init=[], attrs=_NO_COLLISION)
+        gpr_mem = Memory(shape=64, depth=1 << 5, init=[], attrs=NO_COLLISION)
         gpr_low = Memory(shape=16, depth=1 << 5, init=[])
         m.submodules.gprs, m.submodules.gprs_low = gpr_mem, gpr_low
-        g_rd, g_wr = _BlockReadPort(m, gpr_mem, "gprs"), gpr_mem.write_port()
+        g_rd, g_wr = BlockReadPort(m, gpr_mem, "gprs"), gpr_mem.write_port()
         g_low_rd, g_low_wr = gpr_low.read_port(domain="comb"), gpr_low.write_port()
 
         def read_gpr(addr):

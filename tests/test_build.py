@@ -397,7 +397,7 @@ def _stand_in_tools(tmp_path, monkeypatch, counts, pause="0.01", wirelength="100
 open({str(calls)!r}, "a").write("yosys\\n")
 json.dump({{"design": {{"num_cells_by_type": {{"LUT4": 30, "TRELLIS_FF": 24}}}}}},
           open("top.stat.json", "w"))
-open("top.json", "w").write("{{}}")
+open("top.json", "w").write('{{"modules": {{}}}}')
 """))
     monkeypatch.setenv("NEXTPNR_ECP5", _fake_tool(tools / "nextpnr", f"""
 seed = int(opt("--seed"))
