@@ -260,7 +260,7 @@ def test_cli_build_unit_flow(monkeypatch):
         assert _cli("build", *argv) == 1
     assert asked == [
         ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (3, 1, 2), 1, False),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (14, 6, 3), 1, False),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (4, 6, 2), 1, False),
         ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,), 1, False),
         ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,), 1, False),
         ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,), 1, False),
