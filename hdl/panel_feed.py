@@ -49,7 +49,7 @@ from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
 from .config import CubeConfig
 from .cube_run import block_walker, column_outer
-from .logic import NO_COLLISION, BlockReadPort
+from .logic import KEEP, NO_COLLISION, BlockReadPort
 from .operand_feed import FeedComponent
 
 __all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
@@ -258,7 +258,16 @@ class PanelFeed(FeedComponent):
         a_left, b_left = Signal(), Signal()         # the block still fills A / B
         fi = Signal(range(max(rows, cols) + 2))
         fh = Signal()
-        f_is_b = Signal()
+        # Whether the word column being read is B's, as four equal flip-flops, each with a
+        # share of the fan-out (291 paths over 8 ns began at the single one, session 31):
+        # the fill's decision, the request's address and space, the response's destination,
+        # and the fill's moves.
+        f_is_b, f_is_b_req, f_is_b_dest, f_is_b_mv = (
+            Signal(name=f"f_is_b{suffix}", attrs=KEEP) for suffix in ("", "_req", "_dest", "_mv"))
+
+        def set_is_b(v):
+            return [copy.eq(v) for copy in (f_is_b, f_is_b_req, f_is_b_dest, f_is_b_mv)]
+
         f_active = Signal()     # in READ: a flip-flop beside the state, not a decode of it
 
         dest_bank_bits = max(1, (max(rows, cols) - 1).bit_length())
@@ -367,12 +376,18 @@ class PanelFeed(FeedComponent):
             m.d.sync += d[name].eq(value)
         fresh = Signal()
 
-        a_col_end = ~f_is_b & a_last & ~more_panels         # A word column of the phase
-        word_end = Mux(f_is_b, cols_end, a_col_end)
-        dest = Cat(f_is_b, fi[:dest_bank_bits], row[0], a_upper, fh,
-                   Mux(f_is_b, b_ebase + feb,
+        def a_col_end(is_b):
+            """The read ends an A word column of the phase."""
+            return ~is_b & a_last & ~more_panels
+
+        a_col_end_mv = a_col_end(f_is_b_mv)
+        word_end = Mux(f_is_b_mv, cols_end, a_col_end_mv)
+        dest_col_end = a_col_end(f_is_b_dest)
+        dest = Cat(f_is_b_dest, fi[:dest_bank_bits], row[0], a_upper, fh,
+                   Mux(f_is_b_dest, b_ebase + feb,
                        Mux(col_outer, phase_p + fpp + fa_eofs, fa_entry))[:max(a_aw, b_aw)],
-                   Mux(f_is_b, cols_end, a_last), a_col_end, a_col_end & d["ea_last"])
+                   Mux(f_is_b_dest, cols_end, a_last), dest_col_end,
+                   dest_col_end & d["ea_last"])
 
         # Reads leave from a request register with a spare one behind it: the fill issues
         # while the spare is free, so that its moves depend on its own registers only, not
@@ -395,8 +410,8 @@ class PanelFeed(FeedComponent):
             dests.w_en.eq(taken_rd),
         ]
         issued = f_active & ~spare_valid & fresh
-        new_space = Mux(f_is_b, run.b.space.as_value(), run.a.space.as_value())
-        new_addr = Mux(f_is_b, b_addr, a_addr)
+        new_space = Mux(f_is_b_req, run.b.space.as_value(), run.a.space.as_value())
+        new_addr = Mux(f_is_b_req, b_addr, a_addr)
         m.d.sync += self.rd.payload.tag.eq(0)
         with m.If(~req_valid | taken_rd):
             # The spare issues nothing while it is full.
@@ -444,7 +459,7 @@ class PanelFeed(FeedComponent):
                                      ph_end2.eq(Mux(f_col0 == 0, 2 * slots, slots)),
                                      a_left.eq(f_col0 == 0),
                                      b_left.eq((f_row0 == 0) & (f_col0 >= b_done_col)),
-                                     f_is_b.eq(f_col0 != 0)]
+                                     *set_is_b(f_col0 != 0)]
                         # The first word column's first read, as after a word column.
                         m.d.sync += [fresh.eq(~one_read), f_active.eq(1)]
                         m.next = "READ"
@@ -460,7 +475,7 @@ class PanelFeed(FeedComponent):
 
         # A read's moves (``issued`` implies READ: no decode of the state in their enables).
         with m.If(issued):
-            with m.If(f_is_b):
+            with m.If(f_is_b_mv):
                 m.d.sync += [*set_b_pos(Mux(cols_end, 0, fi + 1),
                                         Mux(cols_end, b_col0, col + 1)),
                              b_cells.eq(Mux(cols_end, b_cells0, b_cells_next))]
@@ -472,7 +487,7 @@ class PanelFeed(FeedComponent):
             with m.Elif(more_panels):
                 m.d.sync += [*set_a_pos(0, a_row0 + rows, 0, fea_halved),
                              *set_panel(a_row0 + rows, fpp + 1)]
-            with m.If(~f_is_b & a_last):
+            with m.If(~f_is_b_mv & a_last):
                 m.d.sync += fa_entry.eq(fa_entry + 1)
             with m.If(word_end):
                 first_row = Mux(col_outer, phase_row0, f_row0)
@@ -484,8 +499,8 @@ class PanelFeed(FeedComponent):
                              *set_panel(first_row, 0),
                              *set_b_pos(0, Mux(d["b_panel_end"], b_col0 + cols, b_col0)),
                              a_left.eq(d["next_a_left"]), b_left.eq(d["next_b_left"]),
-                             f_is_b.eq(~d["pick_a"])]
-                with m.If(a_col_end):
+                             *set_is_b(~d["pick_a"])]
+                with m.If(a_col_end_mv):
                     m.d.sync += fa_eofs.eq(fa_eofs + panels)
                 with m.If(d["next_phase"]):
                     m.d.sync += [*set_phase_row0(phase_row0 + rows * slots),
