@@ -13,7 +13,7 @@
   component placed and routed on its own: Fmax and critical path (:mod:`~ptocube.build.timing`).
 * ``synth --paths [--preset NAME] [--freq MHZ] [--netlist JSON]``: the design synthesized for
   the ECP5-85F, or a given netlist, and its estimated paths longer than the clock period, by
-  component (:mod:`~ptocube.build.paths`); no place and route.
+  component and by launching signal (:mod:`~ptocube.build.paths`); no place and route.
 * ``synth --placed JSON [--far TILES]``: a netlist nextpnr wrote after placement, its nets by
   the distance from driver to farthest sink and its densest window
   (:mod:`~ptocube.build.placement`); ``synth --congestion CSV|DIR``: router2's overuse by
@@ -261,8 +261,8 @@ def add_synth_arguments(parser):
                              "print its Fmax and critical path")
     parser.add_argument("--paths", action="store_true",
                         help="synthesize for the ECP5-85F (no place and route) and list, by "
-                             "component, the estimated paths longer than the --freq period "
-                             "(default 100 MHz)")
+                             "component and by launching signal, the estimated paths longer "
+                             "than the --freq period (default 100 MHz)")
     parser.add_argument("--netlist", metavar="JSON",
                         help="--paths: read this yosys JSON netlist (e.g. a build's top.json) "
                              "instead of synthesizing")

@@ -21,8 +21,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["DelayModel", "Endpoint", "WideNet", "PathsReport", "Netlist", "analyse", "part_of",
-           "unit_paths", "preset_paths", "bench_paths", "BENCH_PATHS"]
+__all__ = ["DelayModel", "Endpoint", "StartPaths", "WideNet", "PathsReport", "Netlist", "analyse",
+           "part_of", "launching_signal", "unit_paths", "preset_paths", "bench_paths", "BENCH_PATHS"]
 
 # Yosys names a mapped cell after the net it drives plus its type and port
 # (``store.read_word_TRELLIS_FF_Q_50``); the signal is what comes before the type.
@@ -280,6 +280,24 @@ class PartPaths:
 
 
 @dataclass
+class StartPaths:
+    """The endpoints over the budget whose worst path begins at one launching signal: a
+    register (or block-RAM output) that many long paths share is one place to cut them."""
+
+    start: str
+    over: int
+    worst: Endpoint
+
+
+def launching_signal(net_name: str) -> str:
+    """A launching net's signal: its name without the bit index and the cell suffixes
+    ``synth_ecp5`` appends (``core.flag_TRELLIS_FF_Q`` and ``core.flag[3]`` are
+    ``core.flag``)."""
+    match = _CELL_SUFFIX.search(net_name)
+    return re.sub(r"\[.*$", "", net_name[:match.start()] if match else net_name)
+
+
+@dataclass
 class WideNet:
     """A net driven by logic (a LUT, slice mux, carry or LUT-RAM output) with many sinks.
 
@@ -307,6 +325,7 @@ class PathsReport:
     traced: Endpoint | None = None      # the worst endpoint analyse() was asked to trace
     wide: list = field(default_factory=list)    # WideNet, latest first
     fanout: int = 0                     # the sinks that make a net wide
+    starts: list = field(default_factory=list)  # StartPaths, most endpoints first
 
     @property
     def over(self) -> int:
@@ -328,6 +347,10 @@ class PathsReport:
                          f"{w.signal}")
         if len(self.parts) > rows:
             lines.append(f"... {len(self.parts) - rows} more parts (JSON has them all)")
+        if self.starts:
+            lines += ["", f"where they begin ({len(self.starts)} launching signals), "
+                          "most first:", f"{'ns':>6} {'over':>6}  launching signal"]
+            lines += [f"{s.worst.ns:6.1f} {s.over:6d}  {s.start}" for s in self.starts[:rows]]
         if self.wide:
             lines += ["", f"{len(self.wide)} nets driven by logic with >= {self.fanout} sinks, "
                           "latest first:", f"{'ns':>6} {'sinks':>6}  driver  net"]
@@ -345,7 +368,8 @@ class PathsReport:
                 "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
                 "parts": [asdict(p) for p in self.parts],
                 "traced": asdict(self.traced) if self.traced else None,
-                "fanout": self.fanout, "wide": [asdict(w) for w in self.wide]}
+                "fanout": self.fanout, "wide": [asdict(w) for w in self.wide],
+                "starts": [asdict(s) for s in self.starts]}
 
 
 def analyse(netlist: dict, *, budget_ns: float = 10.0, depth: int | None = None,
@@ -396,12 +420,19 @@ def analyse(netlist: dict, *, budget_ns: float = 10.0, depth: int | None = None,
             over[e.part].append(e)
     parts = [PartPaths(part, len(es), max(es, key=lambda e: e.ns)) for part, es in over.items()]
     parts.sort(key=lambda p: (-p.worst.ns, p.part))
+    by_start = defaultdict(list)
+    for es in over.values():
+        for e in es:
+            by_start[launching_signal(e.start)].append(e)
+    starts = [StartPaths(start, len(es), max(es, key=lambda e: e.ns))
+              for start, es in by_start.items()]
+    starts.sort(key=lambda s: (-s.over, -s.worst.ns, s.start))
     traced = max((e for e in found if trace and trace in e.signal), key=lambda e: e.ns,
                  default=None)
     return PathsReport(budget_ns, len(found), max(found, key=lambda e: e.ns, default=None),
                        dict(histogram), parts, traced,
                        _wide_nets(net, model, arrival, resolve, fanout) if fanout else [],
-                       fanout)
+                       fanout, starts)
 
 
 def _wide_nets(net: Netlist, model: DelayModel, arrival: dict, resolve, fanout: int) -> list:

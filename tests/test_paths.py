@@ -9,7 +9,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ptocube.build import cli
-from ptocube.build.paths import DelayModel, analyse, part_of, unit_paths
+from ptocube.build.paths import DelayModel, analyse, launching_signal, part_of, unit_paths
 
 MODEL = DelayModel()
 
@@ -91,6 +91,41 @@ def test_memory_inputs_are_endpoints_of_their_component():
     assert report.over == 3 and [p.part for p in report.parts] == ["store"]
     assert report.parts[0].worst.signal == "store.payload3:ADB"
     assert part_of("store.payload3:ADB", depth=1) == "store"
+
+
+def test_long_paths_are_grouped_by_their_launching_signal(tmp_path, capsys):
+    n = _Netlist()
+    # Two bits of ``ctl.sel`` each start two LUT levels into a register of their own; one
+    # bit of ``ctl.go`` starts one level: over 3 ns, ``ctl.sel`` launches two endpoints.
+    for k in range(2):
+        n.cell(f"ctl.sel_TRELLIS_FF_Q_{k}", "TRELLIS_FF", [("DI", [2]), ("CLK", [1])],
+               [("Q", [20 + k])])
+    n.names["ctl.sel"] = [20, 21]
+    n.ff("ctl.go", d=2, q=22)
+    for k, start in enumerate((20, 21)):
+        n.lut(f"x{k}", [start], 30 + k)
+        n.lut(f"y{k}", [30 + k], 40 + k)
+        n.ff(f"data.r{k}", d=40 + k, q=50 + k)
+    n.lut("z", [22], 60)
+    n.ff("data.s", d=60, q=61)
+    report = analyse(n.json(), budget_ns=3.0, fanout=0)
+    assert [(s.start, s.over) for s in report.starts] == [("ctl.sel", 2)]
+    two_levels = MODEL.ff_out + 2 * (MODEL.route + MODEL.lut) + MODEL.route + MODEL.ff_data
+    assert report.starts[0].worst.ns == pytest.approx(two_levels, abs=0.01)
+    assert [s.start for s in analyse(n.json(), budget_ns=1.5).starts] == ["ctl.sel", "ctl.go"]
+    path = tmp_path / "top.json"
+    path.write_text(json.dumps(n.json()))
+    assert _cli("--paths", "--netlist", str(path), "--freq", "333") == 0
+    assert "where they begin (1 launching signals)" in capsys.readouterr().out
+    assert _cli("--paths", "--netlist", str(path), "--freq", "333", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["starts"][0]["over"] == 2
+
+
+def test_a_launching_signal_drops_bit_indices_and_cell_suffixes():
+    assert launching_signal("unit.panels.f_is_b") == "unit.panels.f_is_b"
+    assert launching_signal("unit.store.rd_data[17]") == "unit.store.rd_data"
+    assert launching_signal("unit.fill.i_TRELLIS_FF_Q_1") == "unit.fill.i"
+    assert launching_signal("unit.decoder.pending_LUT4_Z[2]") == "unit.decoder.pending"
 
 
 def test_a_combinational_loop_ends_the_walk():
