@@ -139,7 +139,7 @@ BOARDS = {b.name: b for b in [
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
           ECP5_UNIT_MHZ, unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2", unit_seeds=(4, 6, 2)),
+          unit_router="router2", unit_seeds=(6, 2, 4)),
 ]}
 
 
