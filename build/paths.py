@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["DelayModel", "Endpoint", "StartPaths", "WideNet", "PathsReport", "Netlist", "analyse",
-           "part_of", "launching_signal", "unit_paths", "preset_paths", "bench_paths", "BENCH_PATHS"]
+           "part_of", "launching_signal", "unit_paths", "preset_paths", "bench_paths",
+           "BENCH_PATHS"]
 
 # Yosys names a mapped cell after the net it drives plus its type and port
 # (``store.read_word_TRELLIS_FF_Q_50``); the signal is what comes before the type.
