@@ -415,16 +415,13 @@ def analyse(netlist: dict, *, budget_ns: float = 10.0, depth: int | None = None,
             found += [endpoint(bit, setup, signal) for bit in bits if isinstance(bit, int)]
     found += [endpoint(bit, 0.0, name) for name, bit in net.outputs]
     histogram = Counter(int(e.ns // 2) * 2 for e in found)
-    over = defaultdict(list)
+    over, by_start = defaultdict(list), defaultdict(list)
     for e in found:
         if e.ns > budget_ns:
             over[e.part].append(e)
+            by_start[launching_signal(e.start)].append(e)
     parts = [PartPaths(part, len(es), max(es, key=lambda e: e.ns)) for part, es in over.items()]
     parts.sort(key=lambda p: (-p.worst.ns, p.part))
-    by_start = defaultdict(list)
-    for es in over.values():
-        for e in es:
-            by_start[launching_signal(e.start)].append(e)
     starts = [StartPaths(start, len(es), max(es, key=lambda e: e.ns))
               for start, es in by_start.items()]
     starts.sort(key=lambda s: (-s.over, -s.worst.ns, s.start))
