@@ -24,10 +24,9 @@ from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
 from .ecp5_pll import Ecp5Pll, pll_dividers
 from .outreg import absorb_in_file
-from .pnr import (DEVICES, ECP5_SYNTH_OPTS, KEEP_COPIES, STALL_ITERATIONS, Device,
-                  PnrResult, RouterStalled, StallWatch, ToolError, WatchedRun,
-                  ecp5_synth_rest, place_only, placed_wirelength, result_from_files,
-                  run_watched, tool)
+from .pnr import (DEVICES, KEEP_COPIES, STALL_ITERATIONS, Device, PnrResult, RouterStalled,
+                  StallWatch, ToolError, WatchedRun, ecp5_synth_split, place_only,
+                  placed_wirelength, result_from_files, run_watched, tool)
 
 __all__ = ["Board", "BOARDS", "SELFTEST_DESIGNS", "ECP5_UNIT_MHZ", "board", "BoardTop",
            "BuildResult", "build_bitstream", "toolchain_env", "TOOL_VARS"]
@@ -220,11 +219,12 @@ class BuildResult:
     stalled: list = field(default_factory=list)
     stopped: list = field(default_factory=list)
     placements: dict = field(default_factory=dict)
+    abc_wire_ps: int | None = None
 
     def to_json(self) -> dict:
         """A plain dictionary for ``summary.json``."""
         return {"board": self.board, "design": self.design, "preset": self.preset,
-                "placer": self.placer, "router": self.router,
+                "placer": self.placer, "router": self.router, "abc_wire_ps": self.abc_wire_ps,
                 "bitstream": str(self.bitstream),
                 "bitstream_bytes": self.bitstream.stat().st_size, "seconds": self.seconds,
                 "timing_met": self.figures.timing_met,
@@ -240,7 +240,8 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                     design: str | None = None, preset: str | None = None,
                     timeout: float | None = None, stall: int | None = STALL_ITERATIONS,
                     jobs: int = 1, heatmap: bool = False, sweep: bool = False,
-                    progress=None, placed=None, poll_seconds: float = 5.0) -> BuildResult:
+                    progress=None, placed=None, poll_seconds: float = 5.0,
+                    abc_wire_ps: int | None = None) -> BuildResult:
     """Build ``top`` for ``brd`` into ``out``: bitstream, logs, ``top.report.json`` (nextpnr),
     ``top.stat.json`` (yosys cell counts) and ``summary.json`` (with ``design`` and
     ``preset``, what ``top`` carries, e.g. ``unit`` of ``ecp5-int4``, and the placer, router
@@ -264,7 +265,9 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     in order of wirelength, lowest first (the placer is deterministic: a seed places the
     same again). Across seeds of one netlist the lowest placements are the ones router2
     finishes (``docs/fpga.md``). The heatmap option changes nextpnr's placement, so the two
-    are refused together (``ValueError``). Timing is not enforced by nextpnr
+    are refused together (``ValueError``). ``abc_wire_ps`` (ECP5 only): ABC maps the
+    netlist to LUTs with this wire delay instead of ``synth_ecp5``'s 300 ps (decision F46).
+    Timing is not enforced by nextpnr
     (``--timing-allow-fail``) so that a miss still gives a report;
     :attr:`PnrResult.timing_met` of the result says whether the board clock was met.
     Raises :class:`~ptocube.build.pnr.ToolError` when a tool fails, the tools together take
@@ -297,13 +300,14 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
         nextpnr_opts += ["--router2-heatmap",
                          f"{out}/heat/seed${{PTOCUBE_SEED:-{seeds[0]}}}/h"]
     after_synth = ["tee -q -o top.stat.json stat -json"]
-    if brd.device.family == "ice40":
-        synth_opts = "-dsp -spram"
-    else:
+    synth_opts = "-dsp -spram" if brd.device.family == "ice40" else ""
+    if abc_wire_ps is not None:
+        if brd.device.family != "ecp5":
+            raise ValueError("ABC's wire delay is an option of the ECP5 flow only")
         # Amaranth's script runs ``synth_ecp5 OPTS -top top``: up to the LUT mapping, which
         # the commands after it redo with ABC's wire delay set (decision F46).
-        synth_opts = ECP5_SYNTH_OPTS
-        after_synth[:0] = ecp5_synth_rest("top")
+        synth_opts, rest = ecp5_synth_split("top", abc_wire_ps)
+        after_synth[:0] = rest
     overrides = {"nextpnr_opts": " ".join(nextpnr_opts),
                  "script_after_read": "\n".join(KEEP_COPIES),
                  "synth_opts": synth_opts, "script_after_synth": "\n".join(after_synth)}
@@ -349,7 +353,7 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
                                 seed=seed)
     result = BuildResult(brd.name, out / brd.bitstream, figures,
                          round(time.monotonic() - start, 2), design, placer, preset, router,
-                         stalled, stopped, placements)
+                         stalled, stopped, placements, abc_wire_ps)
     figures.seconds = result.seconds
     (out / "summary.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result

@@ -105,7 +105,7 @@ def _seed_list(text: str) -> tuple:
 
 
 def _positive(text: str) -> int:
-    """``--jobs``: a whole number from 1."""
+    """``--jobs``, ``--abc-wire-ps``: a whole number from 1."""
     try:
         value = int(text)
     except ValueError:
@@ -180,6 +180,10 @@ def add_build_arguments(parser):
                         help="place and route up to N of the --seed list at once (after "
                              "one synthesis); the first to finish gives the bitstream "
                              "(default 1: in turn)")
+    parser.add_argument("--abc-wire-ps", type=_positive, metavar="PS",
+                        help="ECP5: ABC maps the netlist to LUTs assuming this wire delay "
+                             "per connection instead of synth_ecp5's 300 ps; 1000 gives "
+                             "fewer logic levels for a few more LUTs (decision F46)")
 
 
 def run_build(args) -> int:
@@ -198,6 +202,10 @@ def run_build(args) -> int:
               f"({brd.device}; docs/fpga.md, \"Breakdown by component\" and \"The array "
               f"self-test\"): build --design array (the board's default), or add --force to "
               f"run the tools anyway", file=sys.stderr)
+        return 2
+    if args.abc_wire_ps is not None and brd.device.family != "ecp5":
+        print(f"error: --abc-wire-ps sets an option of synth_ecp5; the {brd.name} has an "
+              f"{brd.device.family.upper()}", file=sys.stderr)
         return 2
     if args.sweep and args.heatmap:
         print("error: --sweep places without router2's heatmap, which changes the "
@@ -222,6 +230,7 @@ def run_build(args) -> int:
                                  jobs=args.jobs, heatmap=args.heatmap, sweep=args.sweep,
                                  progress=_report_stall, placed=_report_placement,
                                  placer=placer, design=design_name, preset=name,
+                                 abc_wire_ps=args.abc_wire_ps,
                                  timeout=args.timeout * 60 if args.timeout else None)
     except RouterStalled as error:
         # Which seeds route changes with the netlist: point to the sweep.

