@@ -302,11 +302,9 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     after_synth = ["tee -q -o top.stat.json stat -json"]
     synth_opts = "-dsp -spram" if brd.device.family == "ice40" else ""
     if abc_wire_ps is not None:
-        if brd.device.family != "ecp5":
-            raise ValueError("ABC's wire delay is an option of the ECP5 flow only")
         # Amaranth's script runs ``synth_ecp5 OPTS -top top``: up to the LUT mapping, which
         # the commands after it redo with ABC's wire delay set (decision F46).
-        synth_opts, rest = ecp5_synth_split("top", abc_wire_ps)
+        synth_opts, rest = ecp5_synth_split(brd.device, "top", abc_wire_ps)
         after_synth[:0] = rest
     overrides = {"nextpnr_opts": " ".join(nextpnr_opts),
                  "script_after_read": "\n".join(KEEP_COPIES),

@@ -473,12 +473,14 @@ KEEP_COPIES = ["proc", "setattr -set keep 1 a:keep %ci1 t:$dff %i"]
 ECP5_ABC_WIRE_PS = 300
 
 
-def ecp5_synth_split(top_name: str, abc_wire_ps: int,
+def ecp5_synth_split(device: Device, top_name: str, abc_wire_ps: int,
                      netlist: str | None = None) -> tuple[str, list[str]]:
     """``synth_ecp5`` with ABC's wire delay ``abc_wire_ps`` (decision F46): the options that
     stop ``synth_ecp5 -top TOP`` before its LUT mapping, and the commands after it that map
     with that delay, as its ``map_luts`` step does with 300, then run the rest of it
-    (writing ``netlist`` if given)."""
+    (writing ``netlist`` if given). ``ValueError`` for a device that is not an ECP5."""
+    if device.family != "ecp5":
+        raise ValueError("ABC's wire delay is an option of the ECP5 flow only")
     json = f" -json {netlist}" if netlist else ""
     return "-run begin:map_luts", [
         "check -latchonly -assert", "techmap -map +/lattice/latches_map.v",
@@ -490,15 +492,12 @@ def synth_script(device: Device, read: str, top_name: str, netlist: str, stat: s
     """The yosys script: read, keep register copies apart, ``synth_<family>`` (iCE40 with
     ``-dsp -spram``; ECP5 with ABC's wire delay ``abc_wire_ps`` if given), netlist,
     stats."""
-    if device.family == "ecp5" and abc_wire_ps is not None:
-        opts, rest = ecp5_synth_split(top_name, abc_wire_ps, netlist)
+    if abc_wire_ps is not None:
+        opts, rest = ecp5_synth_split(device, top_name, abc_wire_ps, netlist)
         synth = [f"synth_ecp5 -top {top_name} {opts}", *rest]
-    elif device.family == "ecp5":
-        synth = [f"synth_ecp5 -top {top_name} -json {netlist}"]
-    elif abc_wire_ps is not None:
-        raise ValueError("ABC's wire delay is an option of the ECP5 flow only")
     else:
-        synth = [f"synth_ice40 -dsp -spram -top {top_name} -json {netlist}"]
+        family = "synth_ecp5" if device.family == "ecp5" else "synth_ice40 -dsp -spram"
+        synth = [f"{family} -top {top_name} -json {netlist}"]
     return "; ".join([read, *KEEP_COPIES, *synth, f"tee -q -o {stat} stat -json"])
 
 

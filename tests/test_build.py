@@ -207,7 +207,7 @@ def test_selftest_board_flow(name, design, tmp_path, capsys, monkeypatch):
             return SelfTest(GprUnit(), gpr_program(), clk_hz=clk_hz, baud=baud,
                             status_mask=STATUS_MASK)
         monkeypatch.setattr(selftest, "unit_selftest", stand_in)
-    # The ULX3S's default flow also takes ABC's wire delay (F46) on its way.
+    # The ULX3S's run also goes through the option of ABC's wire delay (F46).
     wire = ["--abc-wire-ps", "1000"] if name == "ulx3s-85f" and design == "unit" else []
     assert _cli("build", "--board", name, "--out", str(tmp_path), "--design", design,
                 *wire) == 0
