@@ -242,7 +242,8 @@ def measure(part: Part, family: str, out, *, timeout: float | None = None) -> Pa
                     if bel in placed}
         logic = placed.get(_CAPACITY[family]["logic"], {}).get("used", 0)
         return {"cells": cells, "logic": logic, "capacity": capacity}
-    return measure_cached(part, family, out, rtlil.convert(part.component, name="top"),
+    return measure_cached(part, family, out,
+                          rtlil.convert(part.component, name="top", platform=FAMILIES[family]),
                           ".json", PartFigures, run)
 
 

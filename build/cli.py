@@ -32,7 +32,7 @@ from .boards import BOARDS, SELFTEST_DESIGNS, board
 from .pnr import STALL_ITERATIONS
 
 __all__ = ["add_build_arguments", "run_build", "add_synth_arguments", "run_synth",
-           "add_verilog_arguments", "run_verilog", "design", "fpga_config", "bench_fpga",
+           "add_verilog_arguments", "run_verilog", "design", "bench_fpga",
            "BENCH_CASES", "BenchCase"]
 
 #: ``--design`` choices: what ``synth`` and ``verilog`` elaborate for a preset.
@@ -51,17 +51,6 @@ def design(name: str, config):
         from ..hdl.decoder import BundleDecoder
         return BundleDecoder(config)
     raise ValueError(f"unknown design {name!r}; known designs: {', '.join(DESIGNS)}")
-
-
-def fpga_config(config, family: str):
-    """The preset as ``synth`` and the benchmarks place and route it on ``family``: on ECP5 an
-    integer build with the product register gets its MULT18X18D primitives with their own
-    registers (``dsp_primitives="ecp5"``, decision F24). ``build`` keeps the preset as it is,
-    because its self-test is simulated in ``make test`` and Amaranth's simulator cannot run
-    the primitive."""
-    if family == "ecp5" and config.int_product_register and config.dsp_primitives is None:
-        return config.with_(dsp_primitives="ecp5")
-    return config
 
 
 def _board_arguments(parser, board_required=True):
@@ -337,7 +326,7 @@ def run_synth(args) -> int:
     freq = args.freq or brd.clock_hz / 1e6
     out = _out_dir(args, brd)
     work = out / f"synth-{name}-{args.design}"
-    config = fpga_config(preset(name), brd.device.family)
+    config = preset(name)
     try:
         result = place_and_route(design(args.design, config), brd.device, freq_mhz=freq,
                                  seed=_one_seed(args), workdir=work, wrap=True,
@@ -346,8 +335,10 @@ def run_synth(args) -> int:
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    # The primitives the netlist has: the preset's, where they are the device's (F47).
+    primitives = config.dsp_primitives if config.dsp_primitives == brd.device.family else None
     report = {"board": brd.name, "preset": name, "design": args.design, "placer": args.placer,
-              "dsp_primitives": config.dsp_primitives, **result.to_json()}
+              "dsp_primitives": primitives, **result.to_json()}
     json_path = out / f"synth-{name}-{args.design}.json"
     json_path.write_text(json.dumps(report, indent=1) + "\n")
     if args.json:
@@ -558,8 +549,7 @@ def bench_fpga(cases=BENCH_CASES, out="build/out/bench", timeout=BENCH_TIMEOUT_S
         row = {"board": case.board, "preset": case.preset, "design": case.design,
                "target_mhz": case.freq_mhz}
         try:
-            config = fpga_config(preset(case.preset), brd.device.family)
-            r = place_and_route(design(case.design, config), brd.device,
+            r = place_and_route(design(case.design, preset(case.preset)), brd.device,
                                 freq_mhz=case.freq_mhz, wrap=True, router=case.router,
                                 placer=case.placer, timeout=timeout,
                                 workdir=Path(out) / f"{case.board}-{case.preset}-{case.design}")

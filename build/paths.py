@@ -469,13 +469,12 @@ def unit_paths(design, out, *, budget_ns: float = 10.0, depth: int | None = None
 
 
 def preset_paths(name: str, out=None, *, design_name: str = "unit", **kwargs) -> PathsReport:
-    """:func:`unit_paths` of a preset's design as ``synth`` builds it on ECP5
-    (:func:`~ptocube.build.cli.fpga_config`), in ``out`` (default
+    """:func:`unit_paths` of a preset's design on the ECP5, in ``out`` (default
     ``build/out/paths/PRESET-DESIGN``)."""
     from ..hdl.config import preset
-    from .cli import design, fpga_config
+    from .cli import design
     out = Path(out) if out else Path("build") / "out" / "paths" / f"{name}-{design_name}"
-    return unit_paths(design(design_name, fpga_config(preset(name), "ecp5")), out, **kwargs)
+    return unit_paths(design(design_name, preset(name)), out, **kwargs)
 
 
 #: ``make bench``: the presets whose whole unit is estimated, at 100 MHz.

@@ -194,6 +194,10 @@ class Device:
     device:  nextpnr's device option without dashes (``"85k"``, ``"um5g-85k"``, ``"up5k"``).
     package: nextpnr's package name (``"CABGA381"``, ``"sg48"``).
     speed:   ECP5 speed grade (``"6"``, ``"7"``, ``"8"``); ``None`` for iCE40.
+
+    The flow also elaborates a design with its ``Device`` as the platform, as a board build
+    does with the amaranth-boards platform: the components read ``family`` alone
+    (decision F47).
     """
 
     family: str
@@ -391,8 +395,11 @@ class PinLightWrapper(wiring.Component):
         return m
 
 
-def _design_source(design, workdir: Path, top_name: str) -> str:
-    """Write the design into ``workdir`` and return the yosys command that reads it."""
+def _design_source(design, workdir: Path, top_name: str, device: Device) -> str:
+    """Write the design into ``workdir`` and return the yosys command that reads it.
+
+    An Amaranth design is elaborated with ``device`` as its platform: the components read
+    its ``family`` to choose the device's primitives (decision F47)."""
     if isinstance(design, (str, Path)):
         path = Path(design)
         if not path.is_file():
@@ -409,7 +416,8 @@ def _design_source(design, workdir: Path, top_name: str) -> str:
     if not isinstance(design, Elaboratable):
         raise TypeError(f"design must be an Elaboratable or a .v/.il path, not {design!r}")
     from amaranth.back import rtlil
-    (workdir / f"{top_name}.il").write_text(without_brackets(rtlil.convert(design, name=top_name)))
+    (workdir / f"{top_name}.il").write_text(
+        without_brackets(rtlil.convert(design, name=top_name, platform=device)))
     return f"read_rtlil {top_name}.il"
 
 
@@ -512,7 +520,7 @@ def synthesize(design, device: Device, workdir, *, top_name: str = "top",
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    read = _design_source(design, workdir, top_name)
+    read = _design_source(design, workdir, top_name, device)
     script = synth_script(device, read, top_name, f"{top_name}.json", f"{top_name}.stat.json",
                           abc_wire_ps)
     # Relative paths throughout: YoWASP tools see the working directory, not the file system.

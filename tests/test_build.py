@@ -22,7 +22,7 @@ from ptocube.build.boards import BOARDS, BoardTop, board
 from ptocube.build.ecp5_pll import pll_dividers
 from ptocube.build.selftest import STATUS_MASK, SelfTest
 from ptocube.build.pnr import DEVICES, Device, PinLightWrapper, ToolError, place_and_route
-from ptocube.hdl.config import preset
+from ptocube.hdl.config import PRESETS, preset
 from ptocube.hdl.logic import register_copies
 from ptocube.build.timing import critical_path, routed_report
 from selftest_units import GprUnit, gpr_program
@@ -664,17 +664,16 @@ def test_cli_synth_table_and_json(tmp_path, capsys):
     assert "ice40-tiny" in table and "DSP" in table and "Fmax" in table
     report = json.loads((tmp_path / "synth-ice40-tiny-systolic.json").read_text())
     assert report["dsp"] == 4                        # 2 x 2 integer PEs, one DSP each
-    assert report["dsp_primitives"] is None          # iCE40: the fabric form (F24)
+    assert report["dsp_primitives"] is None          # iCE40: the fabric form (F47)
     assert report["fmax"] and all(v["achieved_mhz"] >= 12 for v in report["fmax"].values())
 
 
-def test_fpga_config_dsp_primitives(monkeypatch, tmp_path):
-    # ECP5 synth and bench runs of a product-register build use the MULT18X18D primitive with
-    # its registers; iCE40, float builds and the self-test builds keep the preset (F24).
-    int8, full, tiny = preset("ecp5-int8"), preset("ecp5-full"), preset("ice40-tiny")
-    assert cli.fpga_config(int8, "ecp5") == int8.with_(dsp_primitives="ecp5")
-    assert cli.fpga_config(int8, "ice40") is int8
-    assert cli.fpga_config(full, "ecp5") is full and cli.fpga_config(tiny, "ecp5") is tiny
+def test_presets_dsp_primitives(monkeypatch, tmp_path):
+    # The ECP5 integer presets carry the MULT18X18D primitive with its registers, and every
+    # flow (bench, synth, build, the simulated self-test) takes the preset as it is (F47).
+    assert {name: config.dsp_primitives for name, config in PRESETS.items()} == {
+        "sim-small": None, "ecp5-int8": "ecp5", "ecp5-int4": "ecp5", "ecp5-full": None,
+        "ice40-tiny": None}
     seen = []
 
     def fake_place_and_route(design, device, **kwargs):

@@ -186,10 +186,12 @@ def test_random_plans():
     check(INT, [random_case(rng, INT, (9, 9, 40)) for _ in range(16)])
 
 
-def test_integer_build_with_registered_product():
+@pytest.mark.parametrize("dsp", [None, "ecp5"])
+def test_integer_build_with_registered_product(dsp):
     # ecp5-int8's MAC pipeline: the product registered, the accumulation loop still one
-    # cycle (L = 1), every PE swapping a cycle later.
-    config = INT.with_(int_product_register=True)
+    # cycle (L = 1), every PE swapping a cycle later; with the DSP primitive's registers
+    # (simulated as its model, F47) the operands enter a cycle earlier still.
+    config = INT.with_(int_product_register=True, dsp_primitives=dsp)
     assert ProcessingElement.minimum_slots(NumericConfig.from_cube_config(config)) == 1
     rng = np.random.default_rng(12)
     check(config, [random_case(rng, config, (9, 9, 40)) for _ in range(10)])

@@ -196,26 +196,7 @@ def test_integer_wraps_modulo_2_32():
 # The ECP5 forms of the integer MAC (ecp5-int8): product register, DSP primitive
 # ---------------------------------------------------------------------------
 
-def _registered_mult18x18d(self, platform):
-    """Behavioural model of the MULT18X18D as Ecp5Multiplier configures it: REG_INPUTA,
-    REG_INPUTB and REG_OUTPUT on CLK0 (CE0 = 1, RST0 = 0), pipeline register bypassed,
-    signed 18 x 18 -> 36 bits."""
-    m = Module()
-    a = Signal(signed(18))
-    b = Signal(signed(18))
-    p = Signal(signed(36))
-    m.d.sync += [a.eq(self.a), b.eq(self.b), p.eq(a * b)]
-    m.d.comb += self.p.eq(p)
-    return m
-
-
-@pytest.fixture
-def simulated_dsp(monkeypatch):
-    """Ecp5Multiplier elaborated as its behavioural model (pysim cannot run an Instance)."""
-    monkeypatch.setattr(Ecp5Multiplier, "elaborate", _registered_mult18x18d)
-
-
-def test_integer_product_register_forms(simulated_dsp):
+def test_integer_product_register_forms():
     """ecp5-int8's MAC pipeline (product registered, L = 1) with the fabric multiplier and
     with the DSP primitive's registers (and its edge register): both exact under stalls.
     Against the plain array (sum registered only) the swap distance grows by the product
@@ -238,10 +219,11 @@ def test_integer_product_register_forms(simulated_dsp):
 
 
 def test_dsp_primitive_instance():
-    """The MULT18X18D's configuration and pins: operand bits k on A<k>/B<k>, product bits on
-    P<k>, signed, input and output registers on the sync clock, always enabled."""
+    """For an ECP5, the MULT18X18D's configuration and pins: operand bits k on A<k>/B<k>,
+    product bits on P<k>, signed, input and output registers on the sync clock, always
+    enabled."""
     mult = Ecp5Multiplier()
-    (inst, name, _), = Fragment.get(mult, None).subfragments
+    (inst, name, _), = Fragment.get(mult, DEVICES["LFE5U-85F-6BG381"]).subfragments
     assert isinstance(inst, Instance) and inst.type == "MULT18X18D"
     params = {key: str(value) for key, value in inst.parameters.items()}
     assert {key: params.get(key, "NONE") for key in (
@@ -260,6 +242,33 @@ def test_dsp_primitive_instance():
             assert bit.value is Value.cast(signal) and (bit.start, bit.stop) == (k, k + 1)
     assert not ports                                  # SRIA/SRIB, C, SOURCE*: tied off
     assert Ecp5Multiplier.latency == 2
+
+
+@pytest.mark.parametrize("platform", [None, DEVICES["iCE40UP5K-SG48"]], ids=["none", "ice40"])
+def test_dsp_primitive_model(platform):
+    """Anywhere but on an ECP5 the primitive is its behavioural model: no Instance, and
+    ``p`` is the signed product of the ``a``, ``b`` of two cycles earlier (the extremes
+    included), as the MULT18X18D with its input and output registers gives it (F47)."""
+    mult = Ecp5Multiplier()
+    assert not any(isinstance(sub, Instance)
+                   for sub, *_ in Fragment.get(mult, platform).subfragments)
+    rng = np.random.default_rng(47)
+    pairs = [(-2 ** 17, -2 ** 17), (2 ** 17 - 1, -2 ** 17), (-1, 1), (0, 5)]
+    pairs += [tuple(int(v) for v in rng.integers(-2 ** 17, 2 ** 17, 2)) for _ in range(40)]
+    seen = []
+
+    async def bench(ctx):
+        for a, b in pairs + [(0, 0)] * Ecp5Multiplier.latency:
+            ctx.set(mult.a, a)
+            ctx.set(mult.b, b)
+            await ctx.tick()
+            seen.append(ctx.get(mult.p))
+
+    sim = Simulator(mult)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen[Ecp5Multiplier.latency - 1:-1] == [a * b for a, b in pairs]
 
 
 def test_dsp_primitive_synthesized(tmp_path):
