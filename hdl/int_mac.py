@@ -105,7 +105,7 @@ class Ecp5Multiplier(wiring.Component):
 
     The primitive is elaborated only for an ECP5 (a ``platform`` whose ``family`` is
     ``"ecp5"``: an amaranth-boards ECP5 platform, or the flow's
-    :class:`~ptocube.build.pnr.FamilyTarget`).  Elsewhere (Amaranth's simulator, the formal
+    :class:`~ptocube.build.pnr.Device`).  Elsewhere (Amaranth's simulator, the formal
     checks, portable Verilog: no platform) it is the behavioural model of that
     configuration: both operands registered, their product registered, nothing else.  So
     the self-test a bitstream carries is the design ``make test`` simulates, with the
