@@ -19,6 +19,9 @@ RAM's output register, a transformation with no effect on behaviour:
 * in a pseudo-dual-port RAM of 36-bit words (``DATA_WIDTH_B`` = 36: both ``DOA`` and ``DOB``
   carry read data of port B) both ports' settings change together, and the write clock must
   be the read clock;
+* none of the flip-flops' outputs is a net carrying the attribute ``ptocube_fabric``
+  (``hdl.logic.FABRIC_REGISTER``): the design keeps such a register in the fabric
+  (decision F48);
 * the flip-flops are removed, the read-data pins drive their outputs, ``REGMODE_x`` becomes
   ``OUTREG`` and ``OCEx`` their enable.
 
@@ -33,7 +36,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Absorbed", "absorb_output_registers", "absorb_in_file", "correct_stat"]
+from ..hdl.logic import FABRIC_REGISTER
+
+__all__ = ["FABRIC_ATTRIBUTE", "Absorbed", "absorb_output_registers", "absorb_in_file",
+           "correct_stat"]
+
+#: The net attribute of a register the pass leaves in the fabric.
+(FABRIC_ATTRIBUTE,) = FABRIC_REGISTER
 
 
 @dataclass
@@ -114,6 +123,8 @@ def _absorb_in_module(module: dict, done: Absorbed) -> None:
                         sinks[bit].append((name, port))
     outputs = {bit for port in module.get("ports", {}).values()
                if port["direction"] != "input" for bit in port["bits"] if isinstance(bit, int)}
+    fabric = {bit for net in module.get("netnames", {}).values()
+              if FABRIC_ATTRIBUTE in net.get("attributes", {}) for bit in net["bits"]}
     removed = set()
     for name, cell in list(cells.items()):
         if cell["type"] != "DP16KD":
@@ -132,7 +143,7 @@ def _absorb_in_module(module: dict, done: Absorbed) -> None:
                 continue
             clock = clocks.pop()
             taken = _registers(pins, conns, sinks, outputs, cells, clock)
-            if not taken:
+            if not taken or any(cells[ff]["connections"]["Q"][0] in fabric for _, ff in taken):
                 continue
             enable = _enable(cells[taken[0][1]])
             for pin, ff_name in taken:

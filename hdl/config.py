@@ -35,6 +35,11 @@ class CubeConfig:
                        lane at a time (hdl/serial_feed.py), R + C cycles or more a beat,
                        instead of all lanes at once (hdl/operand_feed.py): for builds short
                        of logic.
+    panel_words_outreg: ECP5 builds: the panel feed's word registers become the panel block
+                       RAMs' output registers (F44).  False keeps them in the fabric
+                       (FABRIC_REGISTER, docs/decisions/fpga.md F48): each word bit feeds
+                       the element shifters, and from the RAM's own outputs those loads
+                       crowd the routing around the RAM rows.
     tile_bytes_per_pe: payload memory of the Local tile store for each of the four PEs.
     shared_bytes:      payload memory of the Shared tiles S0..S255 (all of them together).
     max_local_sources, max_destinations, max_shared, max_iot_words:
@@ -50,6 +55,7 @@ class CubeConfig:
     int_product_register: bool = False
     dsp_primitives: str | None = None
     serial_lane_feed: bool = False
+    panel_words_outreg: bool = True
     tile_bytes_per_pe: int = 64 * 1024
     shared_bytes: int = 64 * 1024
     max_local_sources: int = 8
@@ -79,10 +85,11 @@ PRESETS = {
     # registered before the accumulator (docs/decisions/fpga.md, F19), in the DSP blocks'
     # own registers (F47).
     # The lane path (Shared and transposed primaries) one lane at a time, to save logic
-    # (docs/decisions/hdl-cube.md, decision 21).
+    # (docs/decisions/hdl-cube.md, decision 21).  The panel feed's word registers stay
+    # in the fabric: with them in the panel RAMs the 8x8 unit stopped routing (F48).
     "ecp5-int8": CubeConfig(rows=8, cols=8, float_types=False, mx_types=False,
                             int_product_register=True, dsp_primitives="ecp5",
-                            serial_lane_feed=True,
+                            serial_lane_feed=True, panel_words_outreg=False,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # The ecp5-int8 unit with a 4x4 array (and every lane of the lane path at once): the
     # whole unit routes on the ECP5-85F with nextpnr's static placer (docs/fpga.md,

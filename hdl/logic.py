@@ -11,7 +11,7 @@ import operator
 from amaranth.hdl import Const, Module, Mux, Signal, Value
 
 __all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "register_copies",
-           "load_in_shares", "NO_COLLISION", "BlockReadPort"]
+           "load_in_shares", "NO_COLLISION", "FABRIC_REGISTER", "BlockReadPort"]
 
 #: Attributes of a register that synthesis must not merge with an equal one: the builds'
 #: yosys scripts (``KEEP_COPIES`` in ``build/pnr.py``) mark the flip-flops driving such a
@@ -22,6 +22,12 @@ KEEP = {"keep": 1}
 #: cycle (or that such a read's data is never used): with :class:`BlockReadPort`, no
 #: collision logic around the block RAM.
 NO_COLLISION = {"no_rw_check": 1}
+
+#: Attributes of a register after a block RAM read port that the ECP5 flow must leave in the
+#: fabric: ``build/outreg.py`` does not make it the RAM's output register (decision F48).
+#: A register whose bits each fan out to many loads is better placed between the RAM and
+#: them than held in the RAM, whose few output wires then carry every load.
+FABRIC_REGISTER = {"ptocube_fabric": 1}
 
 
 def balanced(op, values):

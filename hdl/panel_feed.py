@@ -49,7 +49,7 @@ from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
 from .config import CubeConfig
 from .cube_run import block_walker, column_outer
-from .logic import KEEP, NO_COLLISION, BlockReadPort
+from .logic import FABRIC_REGISTER, KEEP, NO_COLLISION, BlockReadPort
 from .operand_feed import FeedComponent
 
 __all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
@@ -687,9 +687,11 @@ class PanelFeed(FeedComponent):
         m1_row_ok, row_ok = Signal(rows), Signal(rows)
         m1_col_ok, col_ok = Signal(cols), Signal(cols)
         # Data registers without a reset (a beat's words are loaded before they are used), so
-        # that an ECP5 build takes them into the block RAMs as output registers (F44).
-        a_words = Signal(64 * rows, reset_less=True)
-        b_words = Signal(64 * cols, reset_less=True)
+        # that an ECP5 build takes them into the block RAMs as output registers (F44), unless
+        # the configuration keeps them in the fabric (F48).
+        words_attrs = {} if cfg.panel_words_outreg else FABRIC_REGISTER
+        a_words = Signal(64 * rows, reset_less=True, attrs=words_attrs)
+        b_words = Signal(64 * cols, reset_less=True, attrs=words_attrs)
         out_a = [Signal(len(Value.cast(beat.a[i])), name=f"out_a{i}") for i in range(rows)]
         out_b = [Signal(len(Value.cast(beat.b[j])), name=f"out_b{j}") for j in range(cols)]
         m.d.comb += [a_rd.addr.eq(p_a_entry), a_rd.en.eq(go),

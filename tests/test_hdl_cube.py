@@ -9,16 +9,22 @@ run back to back in one simulation, so the engine also goes from plan to plan as
 in the unit.  ``slow`` tests add thousands of random plans.
 """
 
+import re
+
 import numpy as np
 import pytest
+from amaranth.back import rtlil
 from amaranth.hdl import Module, Signal
 from amaranth.sim import Simulator
 
-from ptocube.hdl.config import CubeConfig
+from ptocube.build.outreg import FABRIC_ATTRIBUTE
+from ptocube.hdl.config import PRESETS, CubeConfig
 from ptocube.hdl.cube import CubeEngine
 from ptocube.hdl.cube_run import block_walker
 from ptocube.hdl.numeric_types import NumericConfig
+from ptocube.hdl.panel_feed import PanelFeed
 from ptocube.hdl.pe import ProcessingElement
+from ptocube.hdl.systolic import feed_layout
 from ptocube.model.bundle import Operation
 from ptocube.model.datatype import DataType
 from ptocube.model.layout import Layout, element_offsets
@@ -195,6 +201,22 @@ def test_integer_build_with_registered_product(dsp):
     assert ProcessingElement.minimum_slots(NumericConfig.from_cube_config(config)) == 1
     rng = np.random.default_rng(12)
     check(config, [random_case(rng, config, (9, 9, 40)) for _ in range(10)])
+
+
+@pytest.mark.parametrize("preset", ["sim-small", "ecp5-int8"])
+def test_panel_words_fabric_attribute(preset):
+    # ecp5-int8 keeps the panel feed's word registers out of the block RAMs (F48): they carry
+    # the attribute build/outreg.py refuses; elsewhere they may become output registers.
+    config = PRESETS[preset]
+    numeric = NumericConfig.from_cube_config(config)
+    text = rtlil.convert(PanelFeed(config, feed_layout(numeric, config.rows, config.cols, 1), 1,
+                                   numeric.has_scale))
+    marked = {name for name in ("a_words", "b_words")
+              if re.search(rf"attribute \\{FABRIC_ATTRIBUTE} [^\n]*\n"
+                           rf"(\s*attribute [^\n]*\n)*\s*wire width \d+ \\{name}\b", text)}
+    assert re.search(r"wire width \d+ \\a_words\b", text)
+    assert marked == (set() if config.panel_words_outreg else {"a_words", "b_words"})
+    assert PRESETS["ecp5-int8"].panel_words_outreg is False
 
 
 def _lane_path_specs(ops, max_mnk):

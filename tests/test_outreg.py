@@ -11,41 +11,44 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ptocube.build import pnr
-from ptocube.build.outreg import absorb_output_registers, correct_stat
+from ptocube.build.outreg import FABRIC_ATTRIBUTE, absorb_output_registers, correct_stat
 from ptocube.build.pnr import DEVICES, place_and_route
-from ptocube.hdl.logic import NO_COLLISION, BlockReadPort
+from ptocube.hdl.logic import FABRIC_REGISTER, NO_COLLISION, BlockReadPort
 
 ECP5 = DEVICES["LFE5U-85F-6BG381"]
 
 
 class RamReads(wiring.Component):
-    """Three block RAMs, each read into a 64-bit register loaded under ``take``:
+    """Four block RAMs, each read into a 64-bit register loaded under ``take``:
 
     * ``wide``: a reset-less register, the case the pass takes (pseudo-dual-port, 36-bit
       words);
     * ``reset``: a register with a reset, which the RAM's output register cannot be;
-    * ``shared``: a reset-less register whose RAM output also reaches a port directly.
+    * ``shared``: a reset-less register whose RAM output also reaches a port directly;
+    * ``fabric``: a reset-less register the design keeps in the fabric (``FABRIC_REGISTER``).
     """
     waddr: In(8)
     raddr: In(8)
     wdata: In(64)
-    we: In(3)
+    we: In(4)
     ren: In(1)
     take: In(1)
     wide: Out(64)
     reset: Out(64)
     shared: Out(64)
+    fabric: Out(64)
     direct: Out(8)
 
     def elaborate(self, platform):
         m = Module()
-        for k, name in enumerate(("wide", "reset", "shared")):
+        for k, name in enumerate(("wide", "reset", "shared", "fabric")):
             mem = Memory(shape=64, depth=256, init=[], attrs=NO_COLLISION)
             m.submodules[name] = mem
             wr, rd = mem.write_port(), BlockReadPort(m, mem, name)
             m.d.comb += [wr.addr.eq(self.waddr), wr.data.eq(self.wdata), wr.en.eq(self.we[k]),
                          rd.addr.eq(self.raddr), rd.en.eq(self.ren)]
-            out = Signal(64, name=f"{name}_out", reset_less=name != "reset")
+            out = Signal(64, name=f"{name}_out", reset_less=name != "reset",
+                         attrs=FABRIC_REGISTER if name == "fabric" else {})
             with m.If(self.take):
                 m.d.sync += out.eq(rd.data)
             m.d.comb += getattr(self, name).eq(out)
@@ -67,10 +70,10 @@ def test_yosys_netlist_registers_move_into_the_ram(tmp_path):
     the register's enable as OCE, and the 64 flip-flops leave the netlist and its counts."""
     netlist = json.loads(pnr.synthesize(RamReads(), ECP5, tmp_path).read_text())
     rams = _by_memory(netlist)
-    assert set(rams) == {"wide", "reset", "shared"}
+    assert set(rams) == {"wide", "reset", "shared", "fabric"}
     cells = netlist["modules"]["top"]["cells"].values()
     ffs = [cell for cell in cells if cell["type"] == "TRELLIS_FF"]
-    assert len(ffs) == 128           # ``reset`` and ``shared``: 64 each; ``wide``: none
+    assert len(ffs) == 192           # ``reset``, ``shared``, ``fabric``: 64 each; ``wide``: none
     for name, group in rams.items():
         for ram in group:
             modes = {ram["parameters"][f"REGMODE_{p}"] for p in "AB"}
@@ -86,7 +89,7 @@ def test_yosys_netlist_registers_move_into_the_ram(tmp_path):
               if pin.startswith("DO") for bit in bits}
     assert wide_bits <= driven
     stat = json.loads((tmp_path / "top.stat.json").read_text())
-    assert stat["design"]["num_cells_by_type"]["TRELLIS_FF"] == 128
+    assert stat["design"]["num_cells_by_type"]["TRELLIS_FF"] == 192
     log = (tmp_path / "top.outreg.log").read_text()
     assert log.startswith(f"{len(rams['wide'])} DP16KD read ports take their output register")
 
@@ -97,7 +100,7 @@ def test_transformed_netlist_places_and_routes(tmp_path):
     moved registers."""
     r = place_and_route(RamReads(), ECP5, freq_mhz=50, workdir=tmp_path)
     assert r.fits and r.timing_met
-    assert r.ff == 128 and r.utilization["ff"][0] == 128
+    assert r.ff == 192 and r.utilization["ff"][0] == 192
 
 
 # ---- hand-made netlists: one DP16KD, 18-bit port B read into flip-flops ---------------------
@@ -189,8 +192,11 @@ def _refused(change):
     lambda m: m["cells"]["ram"]["connections"].__setitem__("CLKA", ["0"]),
     # A port already registered.
     lambda m: m["cells"]["ram"]["parameters"].__setitem__("REGMODE_B", "OUTREG"),
+    # A register the design keeps in the fabric (one of its bits is enough).
+    lambda m: m["netnames"].__setitem__("kept", {
+        "bits": [103], "attributes": {FABRIC_ATTRIBUTE: "00000000000000000000000000000001"}}),
 ], ids=["lsr", "set", "clock", "inverted-clock", "inverted-enable", "two-enables",
-        "fanout", "port", "ram-reset", "rom", "registered"])
+        "fanout", "port", "ram-reset", "rom", "registered", "fabric"])
 def test_hand_made_refusals(change):
     _refused(change)
 
