@@ -716,7 +716,7 @@ def test_cli_build_unit_selftest(name, preset_name, seed, tmp_path, capsys):
     # The board's default: the whole unit's self-test bitstream (ecp5-full, static placer,
     # router2, the board's unit seed, F29, F31), meeting its clock; the 4 x 4 integer unit, the default before it
     # (F27); the 8 x 8 integer unit with seed 3, which routed it in session 13. No seed has
-    # routed the 8 x 8 netlists since session 25 (docs/fpga.md, sessions 29-34), so that
+    # routed the 8 x 8 netlists since session 25 (docs/fpga.md, sessions 29-35), so that
     # case fails until one does (issue #9). About 20-35 minutes of CPU each.
     extra = ["--preset", preset_name] if preset_name else []
     extra += ["--seed", str(seed)] if seed is not None else []
