@@ -75,6 +75,9 @@ class Board:
                device and router2 stalls in the congestion (decision F26).
     unit_router: the nextpnr router for the whole unit (``None``: nextpnr's default,
                router1): ``router2`` on the ECP5 boards, the one that routes it (F27).
+    preset_routers: routers for units of other presets than :attr:`unit_preset`, by preset:
+               on the ECP5 boards the 8 x 8 ``ecp5-int8`` unit takes ``router1``, which
+               routes it where router2 diverges (decision F49).
     unit_seeds: the nextpnr placer seeds of the board's default unit build (:attr:`unit_preset`
                with this flow), tried in order until one routes (:func:`build_bitstream`):
                first the one it is known to route with on the current tree (decision F31).
@@ -94,11 +97,16 @@ class Board:
     unit_preset: str | None = None
     unit_placer: str | None = None
     unit_router: str | None = None
+    preset_routers: dict = field(default_factory=dict)
     unit_seeds: tuple = (1,)
 
     def __post_init__(self):
         if self.design not in SELFTEST_DESIGNS:
             raise ValueError(f"{self.name}: unknown self-test design {self.design!r}")
+
+    def router_for(self, preset_name: str) -> str | None:
+        """The nextpnr router of this board's whole-unit flow for ``preset_name``."""
+        return self.preset_routers.get(preset_name, self.unit_router)
 
     @property
     def clock_hz(self) -> float:
@@ -126,6 +134,10 @@ class Board:
 #: same on both boards, so their self-tests are the same design.
 ECP5_UNIT_MHZ = 6.25
 
+#: The ECP5 boards' routers for units of presets other than their own (F49): router2
+#: diverges on every 8 x 8 netlist since session 26, router1 routes it (79.80 MHz, seed 1).
+ECP5_PRESET_ROUTERS = {"ecp5-int8": "router1"}
+
 BOARDS = {b.name: b for b in [
     Board("icebreaker", ICEBreakerPlatform, DEVICES["iCE40UP5K-SG48"], "ice40-tiny",
           _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)",
@@ -135,11 +147,11 @@ BOARDS = {b.name: b for b in [
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
           unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2", unit_seeds=(3, 1, 2)),
+          unit_router="router2", preset_routers=ECP5_PRESET_ROUTERS, unit_seeds=(3, 1, 2)),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
           ECP5_UNIT_MHZ, unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2", unit_seeds=(6, 2, 4)),
+          unit_router="router2", preset_routers=ECP5_PRESET_ROUTERS, unit_seeds=(6, 2, 4)),
 ]}
 
 
@@ -264,7 +276,7 @@ def build_bitstream(brd: Board, top: Elaboratable, out, *, seeds=(1,),
     (if given) is called with each seed and its wirelength, and the seeds are then routed
     in order of wirelength, lowest first (the placer is deterministic: a seed places the
     same again). Across seeds of one netlist the lowest placements are the ones router2
-    finishes (``docs/fpga.md``). The heatmap option changes nextpnr's placement, so the two
+    finishes (``docs/fpga-history.md``). The heatmap option changes nextpnr's placement, so the two
     are refused together (``ValueError``). ``abc_wire_ps`` (ECP5 only): ABC maps the
     netlist to LUTs with this wire delay instead of ``synth_ecp5``'s 300 ps (decision F46).
     Timing is not enforced by nextpnr

@@ -72,7 +72,8 @@ def _board_arguments(parser, board_required=True):
                              f"{STALL_ITERATIONS}; 0: never)")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr router (default: nextpnr's, router1; build --design "
-                             "unit: the board's, router2 on the ECP5 boards)")
+                             "unit: the board's, router2 on the ECP5 boards, router1 for "
+                             "their ecp5-int8 unit)")
     parser.add_argument("--placer", choices=("heap", "static", "sa"),
                         help="nextpnr placer (default: nextpnr's, heap; build --design "
                              "unit: the board's, static on the ECP5 boards)")
@@ -163,8 +164,8 @@ def add_build_arguments(parser):
                         help="place every --seed first without routing (about 5 minutes "
                              "each for the unit, --jobs at once), then route them in order "
                              "of wirelength, lowest first: the lowest placements are the "
-                             "ones router2 finishes (docs/fpga.md); without --seed, seeds "
-                             f"{SWEEP_SEEDS[0]}-{SWEEP_SEEDS[-1]} and the board's")
+                             "ones router2 finishes (docs/fpga-history.md); without --seed, "
+                             f"seeds {SWEEP_SEEDS[0]}-{SWEEP_SEEDS[-1]} and the board's")
     parser.add_argument("--jobs", type=_positive, default=1, metavar="N",
                         help="place and route up to N of the --seed list at once (after "
                              "one synthesis); the first to finish gives the bitstream "
@@ -213,7 +214,7 @@ def run_build(args) -> int:
         return 2
     try:
         placer = args.placer or (brd.unit_placer if unit else None)
-        router = args.router or (brd.unit_router if unit else None)
+        router = args.router or (brd.router_for(name) if unit else None)
         result = build_bitstream(brd, top, out, seeds=_seeds(args, brd, unit and name),
                                  router=router, stall=args.stall or None,
                                  jobs=args.jobs, heatmap=args.heatmap, sweep=args.sweep,
@@ -520,14 +521,13 @@ class BenchCase(NamedTuple):
     placer: str | None = None
 
 
-#: ``make bench`` cases. The whole units use the flow that routes the 4 x 4 unit (static
-#: placer, router2; decision F26/F27); the 8 x 8 unit here (wrapped, 100 MHz constraint) has
-#: not routed before the time limit (its self-test routes with seed 3, docs/fpga.md); a case
-#: whose router2 stalls is stopped (F31) and reported with its error.
+#: ``make bench`` cases. The whole units use the boards' unit flows: the static placer, and
+#: router2 (decision F26/F27) but for the 8 x 8 unit, on which router2 diverges and router1
+#: routes (F49); a case whose router stalls is stopped (F31) and reported with its error.
 BENCH_CASES = (
     BenchCase("ulx3s-85f", "ecp5-int8", "systolic", 100, "router2"),
     BenchCase("ulx3s-85f", "ecp5-int4", "unit", 100, "router2", "static"),
-    BenchCase("ulx3s-85f", "ecp5-int8", "unit", 100, "router2", "static"),
+    BenchCase("ulx3s-85f", "ecp5-int8", "unit", 100, "router1", "static"),
     BenchCase("ulx3s-85f", "ecp5-full", "unit", 100, "router2", "static"),
     BenchCase("icebreaker", "ice40-tiny", "systolic", 12),
     BenchCase("icebreaker", "ice40-tiny", "unit", 12),

@@ -36,6 +36,7 @@ from .outreg import absorb_in_file
 
 __all__ = ["Device", "DEVICES", "PnrResult", "PinLightWrapper", "ToolError", "RouterStalled",
            "StallWatch", "WatchedRun", "STALL_ITERATIONS", "STALL_PROGRESS", "STALL_SECONDS",
+           "ROUTER1_LINE_ARCS",
            "run_watched", "tool", "synthesize", "place_and_route", "result_from_files",
            "cell_counts", "place_only", "placed_wirelength", "KEEP_COPIES",
            "ECP5_ABC_WIRE_PS", "ecp5_synth_split"]
@@ -46,14 +47,18 @@ class ToolError(RuntimeError):
 
 
 class RouterStalled(ToolError):
-    """nextpnr's router2 stopped making progress (:class:`StallWatch`): its lowest count,
-    ``best`` overused wires, came at iteration ``best_iteration``; the tools were stopped at
-    ``iteration``."""
+    """nextpnr's router stopped making progress (:class:`StallWatch`): its lowest count,
+    ``best``, came at iteration ``best_iteration``; the tools were stopped at ``iteration``.
+    For ``router2`` the count is of overused wires and an iteration is one of its passes;
+    for ``router1`` it is of arcs still to route and an iteration is one arc routed."""
 
-    def __init__(self, best: int, best_iteration: int, iteration: int):
+    def __init__(self, best: int, best_iteration: int, iteration: int,
+                 router: str = "router2"):
         self.best, self.best_iteration, self.iteration = best, best_iteration, iteration
-        super().__init__(f"router2 stalled: {best} overused wires at iteration "
-                         f"{best_iteration}, no progress up to iteration {iteration}")
+        self.router = router
+        what = "overused wires" if router == "router2" else "arcs left to route"
+        super().__init__(f"{router} stalled: {best} {what} at iteration {best_iteration}, "
+                         f"no progress up to iteration {iteration}")
 
 
 #: Iterations router2 may go without progress before a run is taken for stalled (decision
@@ -74,16 +79,27 @@ STALL_SECONDS = 30 * 60
 #: A router2 iteration line of nextpnr's log: ``iter=N wires=W overused=O overuse=U ...``.
 _ROUTER2_ITERATION = re.compile(r"\biter=(\d+) wires=\d+ overused=(\d+)")
 
+#: router1's progress line, one per 1,000 arcs routed: ``IterCnt | ripped-up arcs (with,
+#: without) | their deltas | arcs remaining | batch and total seconds |``.
+_ROUTER1_PROGRESS = re.compile(r"^Info:\s+(\d+) \|\s+\d+\s+\d+ \|\s+-?\d+\s+-?\d+ \|\s+(\d+)\|",
+                               re.MULTILINE)
+
+#: Arcs router1 routes per progress line: ``StallWatch.iterations`` counts its lines.
+ROUTER1_LINE_ARCS = 1000
+
 
 @dataclass
 class StallWatch:
-    """Follows router2's progress in a nextpnr log as the log grows.
+    """Follows the router's progress in a nextpnr log as the log grows.
 
-    Progress is a count of overused wires :data:`STALL_PROGRESS` below the count of the last
-    progress (the first count is the first progress). :meth:`poll` reads the lines written
-    since the last call and says whether the router has gone ``iterations`` iterations, or
-    ``seconds`` seconds (by ``clock``), without progress. A log without router2 lines
-    (router1, the placer, iCE40 runs) never stalls.
+    The count is router2's overused wires at each iteration, or router1's arcs still to
+    route at each of its progress lines (every :data:`ROUTER1_LINE_ARCS` arcs; for router1
+    ``iterations`` counts those lines, and the iterations reported are arcs). Progress is a
+    count :data:`STALL_PROGRESS` below the count of the last progress (the first count is
+    the first progress). :meth:`poll` reads the lines written since the last call and says
+    whether the router has gone ``iterations`` iterations, or ``seconds`` seconds (by
+    ``clock``), without progress. A log without router lines (the placer, iCE40 runs) never
+    stalls.
     """
 
     path: Path
@@ -93,6 +109,7 @@ class StallWatch:
     best: int | None = field(default=None, init=False)
     best_iteration: int = field(default=0, init=False)
     iteration: int = field(default=0, init=False)
+    router: str = field(default="router2", init=False)
     # (count, iteration, clock) of the last progress; how far the log has been read.
     _progress: tuple = field(default=(None, 0, 0.0), init=False)
     _offset: int = field(default=0, init=False)
@@ -108,20 +125,26 @@ class StallWatch:
         complete = text.rfind(b"\n") + 1
         self._offset += complete
         now = self.clock()
-        for match in _ROUTER2_ITERATION.finditer(text[:complete].decode(errors="replace")):
-            self.iteration, overused = int(match[1]), int(match[2])
-            if self.best is None or overused < self.best:
-                self.best, self.best_iteration = overused, self.iteration
+        lines = text[:complete].decode(errors="replace")
+        counts = [(int(m[1]), int(m[2])) for m in _ROUTER2_ITERATION.finditer(lines)]
+        router1 = [(int(m[1]), int(m[2])) for m in _ROUTER1_PROGRESS.finditer(lines)]
+        if router1:
+            self.router, counts = "router1", router1
+        for iteration, left in counts:
+            self.iteration = iteration
+            if self.best is None or left < self.best:
+                self.best, self.best_iteration = left, self.iteration
             count = self._progress[0]
-            if count is None or overused < count * (1 - STALL_PROGRESS):
-                self._progress = (overused, self.iteration, now)
+            if count is None or left < count * (1 - STALL_PROGRESS):
+                self._progress = (left, self.iteration, now)
         count, iteration, since = self._progress
-        return count is not None and (self.iteration - iteration >= self.iterations
+        per = ROUTER1_LINE_ARCS if self.router == "router1" else 1
+        return count is not None and (self.iteration - iteration >= self.iterations * per
                                       or now - since >= self.seconds)
 
     def error(self) -> RouterStalled:
         """The error that reports this stall."""
-        return RouterStalled(self.best, self.best_iteration, self.iteration)
+        return RouterStalled(self.best, self.best_iteration, self.iteration, self.router)
 
 
 class WatchedRun:

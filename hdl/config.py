@@ -92,7 +92,7 @@ PRESETS = {
                             serial_lane_feed=True, panel_words_outreg=False,
                             tile_bytes_per_pe=16 * 1024, shared_bytes=16 * 1024),
     # The ecp5-int8 unit with a 4x4 array (and every lane of the lane path at once): the
-    # whole unit routes on the ECP5-85F with nextpnr's static placer (docs/fpga.md,
+    # whole unit routes on the ECP5-85F with nextpnr's static placer (docs/fpga-history.md,
     # sessions 10 and 11).
     "ecp5-int4": CubeConfig(rows=4, cols=4, float_types=False, mx_types=False,
                             int_product_register=True, dsp_primitives="ecp5",

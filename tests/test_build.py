@@ -288,7 +288,8 @@ def test_sweep_seeds_keep_the_boards():
 
 def test_cli_build_unit_flow(monkeypatch):
     # The whole unit on the ECP5 boards: the full-type preset, the static placer, router2
-    # and the board's unit seed (F26, F27, F29, F31); the array, the iCEBreaker and other
+    # (router1 for ecp5-int8, F49) and the board's unit seed (F26, F27, F29, F31); the
+    # array, the iCEBreaker and other
     # presets keep the board's preset, nextpnr's defaults and seed 1, and --preset,
     # --placer, --router and --seed override.
     asked = []
@@ -307,6 +308,8 @@ def test_cli_build_unit_flow(monkeypatch):
                  ["--board", "icebreaker"],
                  ["--board", "ulx3s-85f", "--design", "unit", "--placer", "heap",
                   "--router", "router1", "--preset", "ecp5-int8"],
+                 ["--board", "ecpix5-85", "--design", "unit", "--preset", "ecp5-int8"],
+                 ["--board", "ulx3s-85f", "--preset", "ecp5-int8", "--router", "router2"],
                  ["--board", "ulx3s-85f", "--design", "unit", "--seed", "5,7", "--jobs", "2"],
                  ["--board", "ecpix5-85", "--seed", "2-4,9", "--sweep"],
                  ["--board", "ecpix5-85", "--sweep", "--jobs", "2"],
@@ -318,6 +321,9 @@ def test_cli_build_unit_flow(monkeypatch):
         ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,), 1, False),
         ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,), 1, False),
         ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,), 1, False),
+        # The 8 x 8 unit routes with router1 (F49) unless --router says otherwise.
+        ("ecpix5-85", "unit", preset("ecp5-int8"), "static", "router1", (1,), 1, False),
+        ("ulx3s-85f", "unit", preset("ecp5-int8"), "static", "router2", (1,), 1, False),
         ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7), 2, False),
         ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 4, 9), 1, True),
         # --sweep without --seed: seeds 1-8 and the board's (6, 2, 4, all among them).
@@ -403,6 +409,32 @@ def test_stall_watch_progress_is_a_share_and_has_a_time_limit(tmp_path):
     assert not watch.poll()
     now[0] = 1100.0
     assert watch.poll() and watch.iteration == 5 and watch.best == 8_800
+
+
+def _router1_lines(counts, start=1):
+    # router1's progress line, as nextpnr 0.11 writes it every 1,000 arcs.
+    return [f"Info: {1000 * i:10d} | {i:8d} {2 * i:10d} | {3:4d} {-5:5d} | {n:9d}|"
+            f"       2.46     452.00|\n" for i, n in enumerate(counts, start=start)]
+
+
+def test_stall_watch_follows_router1(tmp_path):
+    # router1's count is its arcs still to route, one line per 1,000 arcs: `iterations`
+    # counts lines, and the iterations reported are arcs.
+    log = tmp_path / "top.tim"
+    watch = pnr.StallWatch(log, iterations=3)
+    log.write_text("Info: Routing 214323 arcs.\n" + "".join(_router1_lines([213_544, 150_000])))
+    assert not watch.poll() and watch.router == "router1"
+    assert (watch.best, watch.best_iteration, watch.iteration) == (150_000, 2000, 2000)
+    with open(log, "a") as f:
+        f.write("".join(_router1_lines([149_000, 148_000], start=3)))
+    assert not watch.poll()                              # two lines without 5 % fewer
+    with open(log, "a") as f:
+        f.write(_router1_lines([147_000], start=5)[0])
+    assert watch.poll()
+    error = watch.error()
+    assert (error.router, error.best, error.best_iteration, error.iteration) == \
+        ("router1", 147_000, 5000, 5000)
+    assert str(error).startswith("router1 stalled: 147000 arcs left to route at iteration 5000")
 
 
 def test_cli_synth_reports_a_stall(monkeypatch, tmp_path, capsys):
@@ -711,13 +743,13 @@ def test_boards_known():
 @pytest.mark.slow
 @pytest.mark.parametrize("name,preset_name,seed", [
     *((n, None, None) for n, b in sorted(BOARDS.items()) if b.design == "unit"),
-    ("ulx3s-85f", "ecp5-int4", None), ("ulx3s-85f", "ecp5-int8", 3)])
+    ("ulx3s-85f", "ecp5-int4", None), ("ulx3s-85f", "ecp5-int8", 1)])
 def test_cli_build_unit_selftest(name, preset_name, seed, tmp_path, capsys):
     # The board's default: the whole unit's self-test bitstream (ecp5-full, static placer,
-    # router2, the board's unit seed, F29, F31), meeting its clock; the 4 x 4 integer unit, the default before it
-    # (F27); the 8 x 8 integer unit with seed 3, which routed it in session 13. No seed has
-    # routed the 8 x 8 netlists since session 25 (docs/fpga.md, sessions 29-35), so that
-    # case fails until one does (issue #9). About 20-35 minutes of CPU each.
+    # router2, the board's unit seed, F29, F31), meeting its clock; the 4 x 4 integer unit,
+    # the default before it (F27); the 8 x 8 integer unit with router1 and seed 1, which
+    # route it since the netlists on which router2 diverges (F49; docs/fpga-history.md,
+    # session 38). About 20-35 minutes of CPU each.
     extra = ["--preset", preset_name] if preset_name else []
     extra += ["--seed", str(seed)] if seed is not None else []
     assert _cli("build", "--board", name, "--out", str(tmp_path), "--timeout", "180",
@@ -726,7 +758,8 @@ def test_cli_build_unit_selftest(name, preset_name, seed, tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["timing_met"] and "Fmax" in capsys.readouterr().out
     assert summary["preset"] == (preset_name or board(name).unit_preset)
-    assert summary["design"] == "unit" and summary["router"] == "router2"
+    assert summary["design"] == "unit"
+    assert summary["router"] == board(name).router_for(summary["preset"])
     assert summary["dsp"] > 0
 
 
