@@ -73,11 +73,10 @@ class Board:
     unit_placer: the nextpnr placer for the whole unit (``None``: nextpnr's default, heap):
                ``static`` on the ECP5 boards, where heap packs the unit into part of the
                device and router2 stalls in the congestion (decision F26).
-    unit_router: the nextpnr router for the whole unit (``None``: nextpnr's default,
-               router1): ``router2`` on the ECP5 boards, the one that routes it (F27).
-    preset_routers: routers for units of other presets than :attr:`unit_preset`, by preset:
-               on the ECP5 boards the 8 x 8 ``ecp5-int8`` unit takes ``router1``, which
-               routes it where router2 diverges (decision F49).
+    unit_router: the nextpnr router for the whole unit (``None``: nextpnr's default):
+               ``router1`` on the ECP5 boards, named so that the flow does not change with
+               nextpnr's default; router2 diverges on the 8 x 8 unit, and router1 routes
+               every ECP5 unit with higher Fmax (decision F49, after F27).
     unit_seeds: the nextpnr placer seeds of the board's default unit build (:attr:`unit_preset`
                with this flow), tried in order until one routes (:func:`build_bitstream`):
                first the one it is known to route with on the current tree (decision F31).
@@ -97,16 +96,11 @@ class Board:
     unit_preset: str | None = None
     unit_placer: str | None = None
     unit_router: str | None = None
-    preset_routers: dict = field(default_factory=dict)
     unit_seeds: tuple = (1,)
 
     def __post_init__(self):
         if self.design not in SELFTEST_DESIGNS:
             raise ValueError(f"{self.name}: unknown self-test design {self.design!r}")
-
-    def router_for(self, preset_name: str) -> str | None:
-        """The nextpnr router of this board's whole-unit flow for ``preset_name``."""
-        return self.preset_routers.get(preset_name, self.unit_router)
 
     @property
     def clock_hz(self) -> float:
@@ -134,10 +128,6 @@ class Board:
 #: same on both boards, so their self-tests are the same design.
 ECP5_UNIT_MHZ = 6.25
 
-#: The ECP5 boards' routers for units of presets other than their own (F49): router2
-#: diverges on every 8 x 8 netlist since session 26, router1 routes it (79.80 MHz, seed 1).
-ECP5_PRESET_ROUTERS = {"ecp5-int8": "router1"}
-
 BOARDS = {b.name: b for b in [
     Board("icebreaker", ICEBreakerPlatform, DEVICES["iCE40UP5K-SG48"], "ice40-tiny",
           _icebreaker_leds, "top.bin", "1BitSquared iCEBreaker (iCE40 UP5K, 12 MHz)",
@@ -147,11 +137,11 @@ BOARDS = {b.name: b for b in [
     Board("ulx3s-85f", ULX3S_85F_Platform, DEVICES["LFE5U-85F-6BG381"], "ecp5-int8",
           _ulx3s_leds, "top.bit", "Radiona ULX3S (ECP5 LFE5U-85F, 25 MHz)", ECP5_UNIT_MHZ,
           unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2", preset_routers=ECP5_PRESET_ROUTERS, unit_seeds=(3, 1, 2)),
+          unit_router="router1", unit_seeds=(3, 1, 2)),
     Board("ecpix5-85", ECPIX585Platform, DEVICES["LFE5UM5G-85F-8BG554"], "ecp5-int8",
           _ecpix5_leds, "top.bit", "LambdaConcept ECPIX-5 (ECP5 LFE5UM5G-85F, 100 MHz)",
           ECP5_UNIT_MHZ, unit_preset="ecp5-full", unit_placer="static",
-          unit_router="router2", preset_routers=ECP5_PRESET_ROUTERS, unit_seeds=(6, 2, 4)),
+          unit_router="router1", unit_seeds=(6, 2, 4)),
 ]}
 
 

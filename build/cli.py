@@ -72,8 +72,7 @@ def _board_arguments(parser, board_required=True):
                              f"{STALL_ITERATIONS}; 0: never)")
     parser.add_argument("--router", choices=("router1", "router2"),
                         help="nextpnr router (default: nextpnr's, router1; build --design "
-                             "unit: the board's, router2 on the ECP5 boards, router1 for "
-                             "their ecp5-int8 unit)")
+                             "unit: the board's, router1 on the ECP5 boards)")
     parser.add_argument("--placer", choices=("heap", "static", "sa"),
                         help="nextpnr placer (default: nextpnr's, heap; build --design "
                              "unit: the board's, static on the ECP5 boards)")
@@ -201,6 +200,13 @@ def run_build(args) -> int:
         print("error: --sweep places without router2's heatmap, which changes the "
               "placement: give one of --sweep and --heatmap", file=sys.stderr)
         return 2
+    placer = args.placer or (brd.unit_placer if unit else None)
+    router = args.router or (brd.unit_router if unit else None)
+    if args.heatmap and router != "router2":
+        routed_by = router or "router1, nextpnr's default"
+        print(f"error: --heatmap writes router2's congestion maps; this build routes with "
+              f"{routed_by}: add --router router2", file=sys.stderr)
+        return 2
     out = _out_dir(args, brd)
     unit_mhz = args.unit_mhz or brd.unit_mhz
     make = {"unit": selftest.unit_selftest,
@@ -213,8 +219,6 @@ def run_build(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        placer = args.placer or (brd.unit_placer if unit else None)
-        router = args.router or (brd.router_for(name) if unit else None)
         result = build_bitstream(brd, top, out, seeds=_seeds(args, brd, unit and name),
                                  router=router, stall=args.stall or None,
                                  jobs=args.jobs, heatmap=args.heatmap, sweep=args.sweep,
@@ -521,14 +525,14 @@ class BenchCase(NamedTuple):
     placer: str | None = None
 
 
-#: ``make bench`` cases. The whole units use the boards' unit flows: the static placer, and
-#: router2 (decision F26/F27) but for the 8 x 8 unit, on which router2 diverges and router1
-#: routes (F49); a case whose router stalls is stopped (F31) and reported with its error.
+#: ``make bench`` cases. The whole units use the boards' unit flow: the static placer and
+#: router1 (decisions F26, F49); a case whose router stalls is stopped (F31) and reported
+#: with its error.
 BENCH_CASES = (
     BenchCase("ulx3s-85f", "ecp5-int8", "systolic", 100, "router2"),
-    BenchCase("ulx3s-85f", "ecp5-int4", "unit", 100, "router2", "static"),
+    BenchCase("ulx3s-85f", "ecp5-int4", "unit", 100, "router1", "static"),
     BenchCase("ulx3s-85f", "ecp5-int8", "unit", 100, "router1", "static"),
-    BenchCase("ulx3s-85f", "ecp5-full", "unit", 100, "router2", "static"),
+    BenchCase("ulx3s-85f", "ecp5-full", "unit", 100, "router1", "static"),
     BenchCase("icebreaker", "ice40-tiny", "systolic", 12),
     BenchCase("icebreaker", "ice40-tiny", "unit", 12),
 )

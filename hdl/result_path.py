@@ -422,12 +422,17 @@ class ResultPath(wiring.Component):
         for kind, first, last, seed_en in (("row", red_in.row_first, red_in.row_last,
                                             plan.row_max_init),
                                            ("group", red_in.group_first, red_in.group_last,
-                                            0)):
+                                            Const(0, 1))):
             red = m.submodules[f"{kind}_max"] = reductions[kind]
-            m.d.comb += [red.src.eq(src), red.max_abs.eq(plan.max_abs),
+            # The controls come from the plan, which holds still for the whole run, so each
+            # reduction takes them from registers of its own a cycle later: read straight
+            # from the plan's registers across the device, their decode was the 8 x 8
+            # unit's critical path (12.5 ns, 10.6 of it wire; issue #9).
+            ctl = register_copies(m, Cat(plan.max_abs, seed_en, src), 1, f"{kind}_red_ctl")[0]
+            m.d.comb += [red.max_abs.eq(ctl[0]), red.seed_en.eq(ctl[1]), red.src.eq(ctl[2:]),
                          red.valid.eq(red_in.valid), red.index.eq(red_in.index),
                          red.value.eq(red_in.value), red.first.eq(first), red.last.eq(last),
-                         red.seed.eq(red_in.seed), red.seed_en.eq(seed_en)]
+                         red.seed.eq(red_in.seed)]
         m.d.sync += line[0].eq(Cat(push, gi, cur_gidx, row_last & plan.row_max,
                                    group_last & plan.group_max))
         for t in range(1, len(line)):

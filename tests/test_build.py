@@ -287,9 +287,8 @@ def test_sweep_seeds_keep_the_boards():
 
 
 def test_cli_build_unit_flow(monkeypatch):
-    # The whole unit on the ECP5 boards: the full-type preset, the static placer, router2
-    # (router1 for ecp5-int8, F49) and the board's unit seed (F26, F27, F29, F31); the
-    # array, the iCEBreaker and other
+    # The whole unit on the ECP5 boards: the full-type preset, the static placer, router1
+    # and the board's unit seed (F26, F49, F29, F31); the array, the iCEBreaker and other
     # presets keep the board's preset, nextpnr's defaults and seed 1, and --preset,
     # --placer, --router and --seed override.
     asked = []
@@ -316,18 +315,18 @@ def test_cli_build_unit_flow(monkeypatch):
                  ["--board", "icebreaker", "--sweep"]):
         assert _cli("build", *argv) == 1
     assert asked == [
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (3, 1, 2), 1, False),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (6, 2, 4), 1, False),
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router1", (3, 1, 2), 1, False),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router1", (6, 2, 4), 1, False),
         ("ulx3s-85f", "array", preset("ecp5-int8"), None, None, (1,), 1, False),
         ("icebreaker", "array", preset("ice40-tiny"), None, None, (1,), 1, False),
         ("ulx3s-85f", "unit", preset("ecp5-int8"), "heap", "router1", (1,), 1, False),
-        # The 8 x 8 unit routes with router1 (F49) unless --router says otherwise.
+        # Other presets' units: the board's placer and router, seed 1.
         ("ecpix5-85", "unit", preset("ecp5-int8"), "static", "router1", (1,), 1, False),
         ("ulx3s-85f", "unit", preset("ecp5-int8"), "static", "router2", (1,), 1, False),
-        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router2", (5, 7), 2, False),
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2", (2, 3, 4, 9), 1, True),
+        ("ulx3s-85f", "unit", preset("ecp5-full"), "static", "router1", (5, 7), 2, False),
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router1", (2, 3, 4, 9), 1, True),
         # --sweep without --seed: seeds 1-8 and the board's (6, 2, 4, all among them).
-        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router2",
+        ("ecpix5-85", "unit", preset("ecp5-full"), "static", "router1",
          (1, 2, 3, 4, 5, 6, 7, 8), 2, True),
         ("icebreaker", "array", preset("ice40-tiny"), None, None, tuple(range(1, 9)), 1, True)]
     assert _cli("synth", "--board", "ulx3s-85f", "--seed", "1,2") == 2
@@ -649,6 +648,9 @@ def test_build_sweep_refusals(tmp_path, monkeypatch, capsys):
                                sweep=True, heatmap=True)
     assert _cli("build", "--board", "ulx3s-85f", "--sweep", "--heatmap") == 2
     assert "--sweep" in capsys.readouterr().err
+    # The maps are router2's; the ECP5 boards' units route with router1 (F49).
+    assert _cli("build", "--board", "ulx3s-85f", "--design", "unit", "--heatmap") == 2
+    assert "this build routes with router1: add --router router2" in capsys.readouterr().err
     _stand_in_tools(tmp_path, monkeypatch, "[0]", wirelength="None")
     with pytest.raises(ToolError, match="no wirelength"):
         boards.build_bitstream(board("ulx3s-85f"), _Blink(), tmp_path / "out1", seeds=(1,),
@@ -718,10 +720,11 @@ def test_presets_dsp_primitives(monkeypatch, tmp_path):
     assert seen == [("ecp5", None, cli.BENCH_TIMEOUT_S, "ulx3s-85f-ecp5-int8-systolic"),
                     (None, None, cli.BENCH_TIMEOUT_S, "icebreaker-ice40-tiny-systolic")]
     assert all(row["error"] == "stop here" for row in rows)
-    # The whole units are placed as their board builds place them (static, F26), and every
-    # case has its own directory.
-    assert all(case.placer == "static" for case in cli.BENCH_CASES
-               if case.design == "unit" and case.board != "icebreaker")
+    # The whole units are placed and routed as their board builds do it (static, router1:
+    # F26, F49), and every case has its own directory.
+    assert all((case.placer, case.router) == (board(case.board).unit_placer,
+                                              board(case.board).unit_router)
+               for case in cli.BENCH_CASES if case.design == "unit" and case.board != "icebreaker")
     assert len({(c.board, c.preset, c.design) for c in cli.BENCH_CASES}) == len(cli.BENCH_CASES)
 
 
@@ -743,13 +746,12 @@ def test_boards_known():
 @pytest.mark.slow
 @pytest.mark.parametrize("name,preset_name,seed", [
     *((n, None, None) for n, b in sorted(BOARDS.items()) if b.design == "unit"),
-    ("ulx3s-85f", "ecp5-int4", None), ("ulx3s-85f", "ecp5-int8", 1)])
+    ("ulx3s-85f", "ecp5-int4", None), ("ulx3s-85f", "ecp5-int8", 5)])
 def test_cli_build_unit_selftest(name, preset_name, seed, tmp_path, capsys):
     # The board's default: the whole unit's self-test bitstream (ecp5-full, static placer,
-    # router2, the board's unit seed, F29, F31), meeting its clock; the 4 x 4 integer unit,
-    # the default before it (F27); the 8 x 8 integer unit with router1 and seed 1, which
-    # route it since the netlists on which router2 diverges (F49; docs/fpga-history.md,
-    # session 38). About 20-35 minutes of CPU each.
+    # router1, the board's unit seed, F29, F31, F49), meeting its clock; the 4 x 4 integer
+    # unit, the default before it (F27); the 8 x 8 integer unit with seed 5, which
+    # routes it (docs/fpga-history.md, session 38). About 20-35 minutes of CPU each.
     extra = ["--preset", preset_name] if preset_name else []
     extra += ["--seed", str(seed)] if seed is not None else []
     assert _cli("build", "--board", name, "--out", str(tmp_path), "--timeout", "180",
@@ -759,7 +761,7 @@ def test_cli_build_unit_selftest(name, preset_name, seed, tmp_path, capsys):
     assert summary["timing_met"] and "Fmax" in capsys.readouterr().out
     assert summary["preset"] == (preset_name or board(name).unit_preset)
     assert summary["design"] == "unit"
-    assert summary["router"] == board(name).router_for(summary["preset"])
+    assert summary["router"] == board(name).unit_router == "router1"
     assert summary["dsp"] > 0
 
 
