@@ -281,8 +281,10 @@ def add_synth_arguments(parser):
                              "sinks (default 64; 0: none)")
     parser.add_argument("--routed", metavar="REPORT",
                         help="read a finished place and route's nextpnr --report JSON (e.g. a "
-                             "build's top.report.json): its Fmax, critical path and the "
-                             "flip-flop outputs with the longest routes (--rows of them)")
+                             "build's top.report.json): its Fmax, critical path, the "
+                             "flip-flop outputs with the longest routes and the signals "
+                             "captured later than the --freq period (default 100 MHz), "
+                             "--rows of each")
     parser.add_argument("--placed", metavar="JSON",
                         help="read a netlist nextpnr wrote after placement (--no-route "
                              "--write placed.json): the signals whose nets reach --far tiles "
@@ -405,7 +407,8 @@ def _run_routed(args) -> int:
         return 2
     netlist = path.with_name("top.json")
     report = routed_report(json.loads(path.read_text()),
-                           json.loads(netlist.read_text()) if netlist.is_file() else None)
+                           json.loads(netlist.read_text()) if netlist.is_file() else None,
+                           budget_ns=1000.0 / (args.freq or 100.0))
     return _print_report(args, report, str(path))
 
 

@@ -27,7 +27,7 @@ from .breakdown import FAMILIES, UNIT_EXPAND, Part, each_part, measure_cached, p
 from .pnr import PinLightWrapper, place_and_route
 
 __all__ = ["CriticalPath", "PartTiming", "TimingReport", "critical_path", "time_part",
-           "RoutedNet", "RoutedReport", "routed_report",
+           "RoutedNet", "LateSignal", "RoutedReport", "routed_report",
            "timing", "unit_timing", "bench_timing", "BENCH_TIMINGS"]
 
 # Yosys names a mapped cell after the net it drives plus its type and port
@@ -41,7 +41,10 @@ _BOUNDARY = {("start", "chain"): "input port", ("start", "captured"): "output re
 
 
 def _signal_name(cell: str, role: str) -> str:
-    name = cell.split("$", 1)[0] if not cell.startswith("$") else cell
+    # nextpnr's own suffixes (``$CCU2_COMB0``) go; a name Amaranth generated
+    # (``fill.$signal$229``) stays whole.
+    head = cell.split("$", 1)[0]
+    name = cell if not head or head.endswith(".") else head
     match = _CELL_SUFFIX.search(name)
     name = name[:match.start()] if match else name
     if (role, name) in _BOUNDARY:
@@ -127,15 +130,38 @@ class RoutedNet:
 
 
 @dataclass
+class LateSignal:
+    """A signal of a routed design captured later than a clock period allows.
+
+    nextpnr names one critical path per clock; every other input that would fail the same
+    period is here, by the signal that captures it (a register's name, a block RAM's or a
+    DSP's cell): signal; ns: its latest input's arrival after the clock edge, setup included
+    (the critical path's figure for its end); endpoints: its inputs over the period.
+    """
+
+    signal: str
+    ns: float
+    endpoints: int
+
+
+@dataclass
 class RoutedReport:
-    """What a finished place and route spent its time on: nextpnr's critical path and the
-    nets with the longest routes (:func:`routed_report`)."""
+    """What a finished place and route spent its time on: nextpnr's critical path, the
+    nets with the longest routes, and the signals captured later than ``budget_ns``
+    (:func:`routed_report`)."""
 
     fmax_mhz: dict
     critical: CriticalPath | None
     nets: list
     nets_over: dict
     timed: bool = True
+    budget_ns: float = 10.0
+    late: list = field(default_factory=list)     # LateSignal, latest first
+
+    @property
+    def late_endpoints(self) -> int:
+        """Captured inputs over the budget."""
+        return sum(s.endpoints for s in self.late)
 
     def table(self, rows: int = 25) -> str:
         clocks = ", ".join(f"{clock}: {mhz:.2f} MHz" for clock, mhz in self.fmax_mhz.items())
@@ -154,20 +180,32 @@ class RoutedReport:
         lines.append(f"{'ns':>6} {'sinks':>6}  driver -> farthest sink")
         for net in self.nets[:rows]:
             lines.append(f"{net.ns:6.2f} {net.sinks:6d}  {net.signal} -> {net.far}")
+        lines += ["", f"inputs captured after {self.budget_ns:g} ns "
+                      f"({1000 / self.budget_ns:.0f} MHz): {self.late_endpoints:,} inputs of "
+                      f"{len(self.late):,} signals"]
+        if self.late:
+            lines.append(f"{'ns':>6} {'inputs':>6}  signal")
+            lines += [f"{s.ns:6.2f} {s.endpoints:6d}  {s.signal}" for s in self.late[:rows]]
+            if len(self.late) > rows:
+                lines.append(f"... {len(self.late) - rows} more signals (JSON has them all)")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"fmax_mhz": self.fmax_mhz,
                 "critical": asdict(self.critical) if self.critical else None,
                 "nets_over": {str(ns): n for ns, n in self.nets_over.items()},
-                "nets": [asdict(n) for n in self.nets]}
+                "nets": [asdict(n) for n in self.nets],
+                "budget_ns": self.budget_ns, "late_endpoints": self.late_endpoints,
+                "late": [asdict(s) for s in self.late]}
 
 
 def routed_report(report: dict, netlist: dict | None = None, *,
-                  thresholds=(5.0, 7.5, 10.0)) -> RoutedReport:
+                  thresholds=(5.0, 7.5, 10.0), budget_ns: float = 10.0) -> RoutedReport:
     """Summarize nextpnr's ``--report`` JSON of a routed design: each clock's Fmax, the
-    critical path, and the nets that flip-flops drive, by the time from the clock edge to
-    their farthest sink, longest first.
+    critical path, the nets that flip-flops drive, by the time from the clock edge to
+    their farthest sink, longest first, and the signals with inputs that arrive after
+    ``budget_ns`` (:class:`LateSignal`), latest first: what stands between the route and
+    that clock period, not only its critical path.
 
     nextpnr's detailed net timings give each sink's arrival time, so only for a net driven
     by a flip-flop is that time its route (plus the clock-to-out): those are the long wires
@@ -178,8 +216,15 @@ def routed_report(report: dict, netlist: dict | None = None, *,
     count the nets over each of these (ns).
     """
     nets = []
+    late = {}
     for entry in report.get("detailed_net_timings") or []:
         ends = entry.get("endpoints") or []
+        for end in ends:
+            arrival = max(end["delay"])
+            if arrival > budget_ns:
+                signal = _signal_name(end["cell"], "end")
+                ns, count = late.get(signal, (0.0, 0))
+                late[signal] = (max(ns, arrival), count + 1)
         if entry.get("port") != "Q" or not ends:
             continue
         far = max(ends, key=lambda e: max(e["delay"]))
@@ -188,9 +233,13 @@ def routed_report(report: dict, netlist: dict | None = None, *,
                               far=_signal_name(far["cell"], "end")))
     nets.sort(key=lambda n: (-n.ns, n.net))
     fmax = {clock: round(v["achieved"], 2) for clock, v in (report.get("fmax") or {}).items()}
+    late_signals = sorted((LateSignal(signal, round(ns, 2), count)
+                           for signal, (ns, count) in late.items()),
+                          key=lambda s: (-s.ns, s.signal))
     return RoutedReport(fmax_mhz=fmax, critical=critical_path(report, netlist), nets=nets,
                         nets_over={ns: sum(n.ns > ns for n in nets) for ns in thresholds},
-                        timed=bool(report.get("detailed_net_timings")))
+                        timed=bool(report.get("detailed_net_timings")), budget_ns=budget_ns,
+                        late=late_signals)
 
 
 @dataclass

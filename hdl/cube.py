@@ -38,7 +38,7 @@ from .cell_address import log2_bits, log2_of_power
 from .config import CubeConfig
 from .cube_run import RunLayout
 from .fill_source import FillSource
-from .logic import register_copies
+from .logic import KEEP, register_copies
 from .operand_feed import OperandFeed
 from .panel_feed import PanelFeed, panel_feed_usable
 from .serial_feed import SerialFeed
@@ -287,8 +287,13 @@ class CubeEngine(wiring.Component):
         # part that comes from the plan and ``pe`` passes one more register (``pre``, and
         # the K-repeat's shift and rounded K before it, decisions C26, C33): both hold
         # still for the whole descriptor walk, at least ten cycles before ``SETTLE``.
-        pre, run = Signal(RunLayout(cfg), name="run_pre"), Signal(RunLayout(cfg))
-        m.d.sync += run.eq(pre)
+        # Each unit has a copy of its own, loaded alike (decision 52): one register read by
+        # all four spread its bits across the device (in the 8 x 8 unit's netlist more long
+        # paths began at it than at any other signal but two).
+        pre = Signal(RunLayout(cfg), name="run_pre")
+        runs = {name: Signal(RunLayout(cfg), name=f"run_{name}", attrs=KEEP)
+                for name in ("fill", "result", "feed", "panels")}
+        m.d.sync += [run.eq(pre) for run in runs.values()]
         form = plan.op[0:2]
         is_float = plan.acc_type == int(DataType.FP32)
         b_log2w = log2_bits(m, plan.b_type, "b_log2w")
@@ -318,8 +323,9 @@ class CubeEngine(wiring.Component):
             m.d.sync += getattr(pre, name).space.as_value().eq(
                 Mux(plan.operands[r.value].shared, MemSpace.SHARED.value, pe))
             # The descriptors' fields come straight from their registers.
-            m.d.sync += [getattr(run, name).base.eq(bases[index]),
-                         getattr(run, name).log2p.eq(log2ps[index])]
+            for run in runs.values():
+                m.d.sync += [getattr(run, name).base.eq(bases[index]),
+                             getattr(run, name).log2p.eq(log2ps[index])]
         outputs = self.out_base[pe]
         group_entry = 1 + plan.row_max
         # GroupMaxOut's row length, picked from the plan's outputs a register ahead of its
@@ -337,9 +343,10 @@ class CubeEngine(wiring.Component):
         m.d.comb += usable.eq(panel_feed_usable(pre))
         m.d.sync += buffered.eq(usable)
         for unit in (fill, result):
-            m.d.comb += [unit.run.eq(run), unit.start.eq(run_start)]
-        m.d.comb += [feed.run.eq(run), feed.start.eq(run_start & ~buffered),
-                     panels.run.eq(run), panels.start.eq(run_start & buffered)]
+            m.d.comb += unit.start.eq(run_start)
+        m.d.comb += [fill.run.eq(runs["fill"]), result.run.eq(runs["result"]),
+                     feed.run.eq(runs["feed"]), feed.start.eq(run_start & ~buffered),
+                     panels.run.eq(runs["panels"]), panels.start.eq(run_start & buffered)]
         m.d.comb += [fill.fresh.eq(fresh), result.fresh.eq(fresh),
                      result.plan.eq(plan), result.rmode.eq(self.rmode),
                      result.sat.eq(self.sat)]

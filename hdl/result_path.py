@@ -32,7 +32,7 @@ from ..model.layout import Layout, cell_shape
 from .cell_address import (BIT_ADDR_WIDTH, byte_mask, cube_m_bits, extract, row_major_bits,
                            word_and_offset)
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker
+from .cube_run import RunLayout, block_walker, column_outer
 from .encoders import SrcKind
 from .logic import register_copies
 from .postprocess import PostProcess
@@ -135,8 +135,25 @@ class ResultPath(wiring.Component):
         # the drain handshake (issue #9).  A group's rows come ``R x L`` beats after its
         # blocks are known, so the slot registers are ready long before they are used.
         walk_step = Signal()
-        walker, w_done = block_walker(m, "drain", rows, cols, 1, run.m, run.n, restart,
-                                      walk_step)
+        # The walk's facts of the run, registered in every cycle (decision 51): the run
+        # context holds still from ``start`` to ``done``, so they are valid from the cycle
+        # after ``start``, the walk's first step.  The walk and the slots' row facts then
+        # compare registers with registers: no M > N, M - R or M - row0 in front of them
+        # (the 8 x 8 unit's 83.73 MHz route had 54 walk registers over 10 ns).
+        def fact(name, value, width=16):
+            sig = Signal(width, name=f"drain_{name}")
+            m.d.sync += sig.eq(value)
+            return sig
+        m_dim, n_dim = fact("m_dim", run.m), fact("n_dim", run.n)
+        n_m1 = fact("n_m1", run.n - 1)
+        limits = (fact("m_less_rows", Mux(run.m > rows, run.m - rows, 0)),
+                  fact("n_less_cols", Mux(run.n > cols, run.n - cols, 0)))
+        # Row r of a block at row0 exists when row0 < M - r (0 when M <= r).
+        m_less = [m_dim] + [fact(f"m_less{r}", Mux(run.m > r, run.m - r, 0))
+                            for r in range(1, rows)]
+        walker, w_done = block_walker(m, "drain", rows, cols, 1, m_dim, n_dim, restart,
+                                      walk_step, outer=fact("col_outer", column_outer(
+                                          cols, run.m, run.n), 1), limits=limits)
         (w_row0, w_col0, w_used), = walker
         slot_row0 = Array(Signal(16, name=f"slot{s}_row0") for s in range(slots))
         slot_col0 = Array(Signal(16, name=f"slot{s}_col0") for s in range(slots))
@@ -149,13 +166,11 @@ class ResultPath(wiring.Component):
         walk_done = Signal()                       # the group has no block: the run is over
         # The filling does not wait for the intake's handshake: a group ends (the slot
         # registers are free again) only while they are full, and a restart rewrites them.
-        # A used block's first row is below M, so M minus it is positive.
-        rows_left = (run.m - w_row0)[:16]
         with m.If(~blocks_ready):
             m.d.comb += walk_step.eq(1)
             m.d.sync += [filled.eq(filled + 1), slot_row0[filled].eq(w_row0),
-                         slot_col0[filled].eq(w_col0), slot_last[filled].eq(w_col0 + 1 == run.n),
-                         slot_rows[filled].eq(Cat(*(w_used & (rows_left > r)
+                         slot_col0[filled].eq(w_col0), slot_last[filled].eq(w_col0 == n_m1),
+                         slot_rows[filled].eq(Cat(*(w_used & (w_row0 < m_less[r])
                                                     for r in range(rows))))]
             with m.If(filled == 0):
                 m.d.sync += walk_done.eq(w_done)

@@ -74,7 +74,7 @@ _WORDS_PER_CELL = CELL_BYTES // 8
 _UNADDRESSED = (HostOp.NOP, HostOp.DESC_PART, HostOp.WRITE_GPR, HostOp.READ_GPR,
                 HostOp.WRITE_SYS, HostOp.READ_SYS)
 #: The sequencer's states (host commands, placement, publication), IDLE first.
-_SEQ_STATES = ("IDLE", "HOST_READS", "HOST_FACTS", "HOST_CHECK", "HOST", "HOST_ISSUE",
+_SEQ_STATES = ("IDLE", "HOST_READS", "HOST_LOAD", "HOST_FACTS", "HOST_CHECK", "HOST", "HOST_ISSUE",
                "HOST_FETCH", "HOST_READ", "HOST_SYNTH", "HOST_REPLY", "CFG_SCAN", "CFG_INSTALL",
                "CFG_CLEAR", "PLACE_PLAN", "PLACE_NEXT", "PLACE_SCAN", "PLACE_END", "FREE_PLACED",
                "PUBLISH", "PUBLISH_END")
@@ -465,6 +465,14 @@ class TileStore(wiring.Component):
                          copy_wr.data.eq(write.data)]
             host_files.append(BlockReadPort(m, copy, name))
         lh_rd, sh_rd = host_files
+        # Each copy's read data is registered again, in every cycle, with nothing between:
+        # on the ECP5 that register becomes the block RAM's output register (F44), so the
+        # facts' compares start 1.2 ns after the clock instead of the RAM's 5.8 ns (the 8 x 8
+        # unit's critical path at 83.73 MHz ended in ``f_flag_ok``).  Host commands wait a
+        # cycle for it in HOST_LOAD (decision T42).
+        lh_out, sh_out = (Signal(port.data.shape(), name=f"{name}_out", reset_less=True)
+                          for port, name in zip(host_files, ("local_host", "shared_host")))
+        m.d.sync += [lh_out.eq(lh_rd.data), sh_out.eq(sh_rd.data)]
         # The Local entries' bases again, in LUT RAM written with the Local file: the
         # preflight's word read adds its word to a register's base looked up here a cycle
         # earlier, not to the Local file's block-RAM output (decision T26).
@@ -774,7 +782,7 @@ class TileStore(wiring.Component):
         space = Value.cast(cmd.space)
         is_pe = space < PE_COUNT
         idx = cmd.index
-        le, se = lh_rd.data, sh_rd.data
+        le, se = lh_out, sh_out
         allocated = Mux(is_pe, le.desc.allocated, se.desc.allocation_mask != 0)
         reg_cells = Mux(is_pe, le.desc.cells, se.desc.cells)
         reg_base = Mux(is_pe, le.base, se.base)
@@ -1115,10 +1123,14 @@ class TileStore(wiring.Component):
         with seq.state("HOST_READS"):
             # The command's entries are read from the command register, and the answer's
             # source is chosen (below, T24), a cycle after the take (decision T26).
-            seq.goto("HOST_FACTS")
+            seq.goto("HOST_LOAD")
             m.d.comb += [lh_rd.en.eq(1), lh_rd.addr.eq(Cat(idx[:6], space[:2])),
                          sh_rd.en.eq(1), sh_rd.addr.eq(idx)]
             read_fm(), read_gpr(idx[:5])
+
+        with seq.state("HOST_LOAD"):
+            # The entries read move into the host copies' output registers (T42).
+            seq.goto("HOST_FACTS")
 
         # ---- host commands ------------------------------------------------------------
         with seq.state("HOST_FACTS"):

@@ -898,6 +898,21 @@ def test_routed_report_lists_flip_flop_outputs_by_their_farthest_sink():
     table = routed.table(rows=1)
     assert "store.read_word -> sink1" in table and "fill.room" not in table
     assert "2 over 5 ns, 1 over 7.5 ns, 1 over 10 ns" in table
+    # Every input later than the period, by the signal capturing it, whatever drives it:
+    # the LUT-driven 14.0 ns one too; a generated name keeps its "$".
+    assert [(s.signal, s.ns, s.endpoints) for s in routed.late] == [
+        ("sink0", 14.0, 1), ("sink1", 12.7, 1)]
+    assert routed.late_endpoints == 2 and "2 inputs of 2 signals" in table
+    tight = routed_report(report, budget_ns=5.0)
+    assert [(s.signal, s.endpoints) for s in tight.late] == [
+        ("sink0", 2), ("sink1", 1)]
+    assert "(200 MHz): 3 inputs of 2 signals" in tight.table()
+    assert tight.to_json()["late"][0] == {"signal": "sink0", "ns": 14.0, "endpoints": 2}
+    generated = {"detailed_net_timings": [{
+        "net": "n", "driver": "d", "port": "F", "endpoints": [
+            {"cell": "fill.$signal$229_TRELLIS_FF_Q", "port": "M", "delay": [1, 11.3]},
+            {"cell": "f_ok_LUT4_Z_CCU2C_COUT$CCU2_COMB0", "port": "B", "delay": [1, 10.5]}]}]}
+    assert [s.signal for s in routed_report(generated).late] == ["fill.$signal$229", "f_ok"]
     assert "no net timings" in routed_report({"fmax": {}}).table()
     assert "no flip-flop outputs" in routed_report(
         {"detailed_net_timings": [net("x", "core.x_LUT4_Z", "F", 14.0)]}).table()
