@@ -14,7 +14,8 @@ from amaranth.lib import data
 from .config import CubeConfig
 from .tile_port import MemSpace, cell_addr_width
 
-__all__ = ["OperandInfo", "RunLayout", "block_walker", "column_outer", "select_block"]
+__all__ = ["OperandInfo", "RunLayout", "block_walker", "column_outer", "in_block",
+           "select_block"]
 
 
 def OperandInfo(config: CubeConfig) -> data.StructLayout:
@@ -122,6 +123,13 @@ def block_walker(m: Module, name: str, rows: int, cols: int, slots: int, m_dim, 
     done = Signal(name=f"{name}_done")
     m.d.comb += done.eq(Mux(col_outer, col0 >= n_dim, row0 >= m_dim))
     return slot_blocks, done
+
+
+def in_block(first, offset, size: int) -> Value:
+    """``first + offset``: a block's first row (column) plus a row (column) inside it.  The
+    first is a multiple of the block's ``size``, so for a power of two the sum is an OR, no
+    carry chain (issue #9)."""
+    return first | offset if size & (size - 1) == 0 else first + offset
 
 
 def select_block(m: Module, blocks: list, slot) -> tuple[Signal, Signal, Signal]:

@@ -20,7 +20,7 @@ from amaranth.lib.wiring import In, Out
 
 from .cell_address import cube_m_bits, extract, word_and_offset
 from .config import CubeConfig
-from .cube_run import RunLayout, column_outer
+from .cube_run import RunLayout, column_outer, in_block
 from .logic import register_copies
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .tile_port import word_addr_width
@@ -169,14 +169,11 @@ class FillSource(wiring.Component):
             m.d.sync += out_tail.eq(~out_tail)
         with m.If(leaving):
             m.d.sync += out_head.eq(~out_head)
-        # A block's first row and column are multiples of R and C: with a power of two the
-        # row and column of its element (i, j) are ORs, not adders in front of the address
-        # adder (decision 53).
-        def at(first, offset, size):
-            return first | offset if size & (size - 1) == 0 else first + offset
-        gi = at(blk_r, i, rows)
+        # The row and column of the block's element (i, j): ORs on a power-of-two array, not
+        # adders in front of the address adder (decision 53).
+        gi = in_block(blk_r, i, rows)
         for j in range(cols):
-            gj = at(blk_c, j, cols)
+            gj = in_block(blk_c, j, cols)
             inside = real & blk_used & (gi < run.m) & (gj < run.n)
             c_addr, c_off = word_and_offset(run.c.base, cube_m_bits(run.m32, 5, gi, gj), aw)
             b_addr, b_off = word_and_offset(run.bias.base, gj << 5, aw)

@@ -10,7 +10,7 @@ import operator
 
 from amaranth.hdl import Const, Module, Mux, Signal, Value
 
-__all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "register_copies",
+__all__ = ["balanced", "or_tree", "one_hot_select", "KEEP", "registered", "register_copies",
            "load_in_shares", "NO_COLLISION", "FABRIC_REGISTER", "BlockReadPort"]
 
 #: Attributes of a register that synthesis must not merge with an equal one: the builds'
@@ -49,6 +49,15 @@ def one_hot_select(one_hot, values):
     """``values[i]`` for the set bit ``i`` of ``one_hot`` (0 when none is set; with several
     set, the OR of theirs): an AND-OR, no decoder."""
     return or_tree(Mux(one_hot[i], v, 0) for i, v in enumerate(values))
+
+
+def registered(m: Module, value, width: int, name: str) -> Signal:
+    """A ``width``-bit register that loads ``value`` in every cycle: a fact of inputs that
+    hold still while it is used, one level of logic from them (the run facts of the CUBE
+    engine's units)."""
+    reg = Signal(width, name=name)
+    m.d.sync += reg.eq(value)
+    return reg
 
 
 def register_copies(m: Module, value, count: int, name: str, init: int = 0) -> list:

@@ -49,7 +49,7 @@ from ..model.layout import LOCAL_MAX_CAPACITY_BYTES
 from .cell_address import extract, n8_column_cells
 from .config import CubeConfig
 from .cube_run import block_walker, column_outer
-from .logic import FABRIC_REGISTER, KEEP, NO_COLLISION, BlockReadPort
+from .logic import FABRIC_REGISTER, KEEP, NO_COLLISION, BlockReadPort, registered
 from .operand_feed import FeedComponent
 
 __all__ = ["PanelFeed", "panel_feed_usable", "a_buffer_depth", "b_buffer_depth"]
@@ -155,9 +155,7 @@ class PanelFeed(FeedComponent):
         # from ``start`` to ``done``, so the facts of facts are valid two cycles after
         # ``start``; the fill and the beats wait a cycle (``SETTLE``) before they use them.
         def fact(name, value, width=16):
-            sig = Signal(width, name=name)
-            m.d.sync += sig.eq(value)
-            return sig
+            return registered(m, value, width, name)
 
         # Words per A row / B column: K elements of 2**log2w bits, 64 bits per word; the
         # shifts are facts, so that no subtraction sits in front of a shifter.

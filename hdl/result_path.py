@@ -32,9 +32,9 @@ from ..model.layout import Layout, cell_shape
 from .cell_address import (BIT_ADDR_WIDTH, byte_mask, cube_m_bits, extract, row_major_bits,
                            word_and_offset)
 from .config import CubeConfig
-from .cube_run import RunLayout, block_walker, column_outer
+from .cube_run import RunLayout, block_walker, column_outer, in_block
 from .encoders import SrcKind
-from .logic import register_copies
+from .logic import register_copies, registered
 from .postprocess import PostProcess
 from .read_arbiter import ReadReqLayout, ReadRspLayout, lane_cache
 from .reduce import MaxReduce
@@ -141,9 +141,7 @@ class ResultPath(wiring.Component):
         # compare registers with registers: no M > N, M - R or M - row0 in front of them
         # (the 8 x 8 unit's 83.73 MHz route had 54 walk registers over 10 ns).
         def fact(name, value, width=16):
-            sig = Signal(width, name=f"drain_{name}")
-            m.d.sync += sig.eq(value)
-            return sig
+            return registered(m, value, width, f"drain_{name}")
         m_dim, n_dim = fact("m_dim", run.m), fact("n_dim", run.n)
         n_m1 = fact("n_m1", run.n - 1)
         limits = (fact("m_less_rows", Mux(run.m > rows, run.m - rows, 0)),
@@ -224,12 +222,9 @@ class ResultPath(wiring.Component):
             with m.Else():
                 m.d.comb += step_group.eq(1)
         keep = got & (junk == 0) & slot_rows[d_slot].bit_select(d_row, 1)
-        # A block's first row is a multiple of R: with R a power of two its rows are an OR,
-        # not an adder, on the FIFO head's way into ``held_row``.
-        if rows & (rows - 1):
-            in_row = (slot_row0[d_slot] + d_row)[:16]
-        else:
-            in_row = slot_row0[d_slot] | d_row
+        # With R a power of two the row is an OR, not an adder, on the FIFO head's way into
+        # ``held_row``.
+        in_row = in_block(slot_row0[d_slot], d_row, rows)[:16]
         with m.If(load):
             m.d.sync += held_valid.eq(0)
         with m.If(keep):
